@@ -1,0 +1,137 @@
+// The generic CPU engine: applies any rule densely (element-wise over the whole
+// variable) or sparsely (row-wise over the rows named by indices, duplicates summed
+// first). Rules supply only the per-element math; this file owns traversal,
+// coalescing and threading. Callers validate shapes first (validate.h); the sparse
+// entry point validates indices itself before it writes anything.
+#ifndef FUSEDOPT_CC_CORE_ENGINE_H_
+#define FUSEDOPT_CC_CORE_ENGINE_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cc/core/coalesce.h"
+#include "cc/core/executor.h"
+#include "cc/core/rule.h"
+
+namespace fusedopt {
+
+template <typename Rule, typename T>
+using ParamsFor = typename Rule::template Params<ComputeType<T>>;
+
+// Rule::Prepare from hyper-parameters still in storage type T.
+template <typename Rule, typename T>
+ParamsFor<Rule, T> PrepareParams(const T* const* hyper, const bool* options) {
+  using C = ComputeType<T>;
+  std::array<C, Rule::kHyper.size()> values{};
+  for (int i = 0; i < NumHyper<Rule>(); ++i) values[i] = Load(*hyper[i]);
+  return Rule::template Prepare<C>(values.data(), options);
+}
+
+namespace detail {
+
+// Updates n consecutive elements. G is the gradient's type: T straight from the
+// caller's buffer, or ComputeType<T> for a duplicate-summed row. The slot-count
+// specialisations give the compiler restrict pointers so the loop vectorises.
+template <typename Rule, typename T, typename G>
+void UpdateSpan(const ParamsFor<Rule, T>& p, T* __restrict var, T* const* slots,
+                const G* __restrict grad, int64_t n) {
+  using C = ComputeType<T>;
+  constexpr int kSlots = NumSlots<Rule>();
+  if constexpr (kSlots == 1) {
+    T* __restrict s0 = slots[0];
+    for (int64_t i = 0; i < n; ++i) {
+      C v = Load(var[i]);
+      C s[1] = {Load(s0[i])};
+      Rule::Update(p, v, s, Load(grad[i]));
+      Store(var[i], v);
+      Store(s0[i], s[0]);
+    }
+  } else if constexpr (kSlots == 2) {
+    T* __restrict s0 = slots[0];
+    T* __restrict s1 = slots[1];
+    for (int64_t i = 0; i < n; ++i) {
+      C v = Load(var[i]);
+      C s[2] = {Load(s0[i]), Load(s1[i])};
+      Rule::Update(p, v, s, Load(grad[i]));
+      Store(var[i], v);
+      Store(s0[i], s[0]);
+      Store(s1[i], s[1]);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      C v = Load(var[i]);
+      C s[kSlots];
+      for (int k = 0; k < kSlots; ++k) s[k] = Load(slots[k][i]);
+      Rule::Update(p, v, s, Load(grad[i]));
+      Store(var[i], v);
+      for (int k = 0; k < kSlots; ++k) Store(slots[k][i], s[k]);
+    }
+  }
+}
+
+// Rough cycles per element of one update, for the executor's work splitting.
+constexpr int64_t kCyclesPerElement = 12;
+
+}  // namespace detail
+
+// var, slots[k] and grad each hold n elements.
+template <typename Rule, typename T>
+void ApplyDense(const ParamsFor<Rule, T>& p, T* var, T* const* slots, const T* grad, int64_t n,
+                Executor& executor) {
+  // Blocks are cache-line multiples so threads never share a line.
+  constexpr int64_t kBlock = 1024;
+  const int64_t num_blocks = (n + kBlock - 1) / kBlock;
+  executor.ParallelFor(num_blocks, kBlock * detail::kCyclesPerElement,
+                       [&](int64_t first, int64_t last) {
+                         const int64_t begin = first * kBlock;
+                         const int64_t end = last * kBlock < n ? last * kBlock : n;
+                         std::array<T*, NumSlots<Rule>()> s;
+                         for (int k = 0; k < NumSlots<Rule>(); ++k) s[k] = slots[k] + begin;
+                         detail::UpdateSpan<Rule, T, T>(p, var + begin, s.data(), grad + begin,
+                                                        end - begin);
+                       });
+}
+
+// var and slots are [num_rows, row_size]; grad is [n, row_size]; indices [n].
+// Returns "" on success, else an error message, in which case nothing was written.
+template <typename Rule, typename T, typename Index>
+std::string ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, int64_t num_rows,
+                        int64_t row_size, const T* grad, const Index* indices, int64_t n,
+                        Executor& executor) {
+  using C = ComputeType<T>;
+  std::string error = CheckIndices(indices, n, num_rows);
+  if (!error.empty() || n == 0 || row_size == 0) return error;
+  const RowGroups groups = CoalesceIndices(indices, n);
+  const int64_t cost = row_size * detail::kCyclesPerElement * n / groups.size();
+  executor.ParallelFor(groups.size(), cost, [&](int64_t first, int64_t last) {
+    std::vector<C> summed;  // per block, reused across its rows
+    std::array<T*, NumSlots<Rule>()> s;
+    for (int64_t g = first; g < last; ++g) {
+      const int64_t offset = groups.rows[g] * row_size;
+      for (int k = 0; k < NumSlots<Rule>(); ++k) s[k] = slots[k] + offset;
+      const int64_t begin = groups.offsets[g], end = groups.offsets[g + 1];
+      if (end - begin == 1) {
+        const int64_t position = groups.all_unique() ? begin : groups.positions[begin];
+        detail::UpdateSpan<Rule, T, T>(p, var + offset, s.data(), grad + position * row_size,
+                                       row_size);
+        continue;
+      }
+      // Sum in compute type, in order of appearance: (g0 + g1) + g2 ...
+      summed.resize(row_size);
+      const T* first_row = grad + groups.positions[begin] * row_size;
+      for (int64_t i = 0; i < row_size; ++i) summed[i] = Load(first_row[i]);
+      for (int64_t j = begin + 1; j < end; ++j) {
+        const T* row = grad + groups.positions[j] * row_size;
+        for (int64_t i = 0; i < row_size; ++i) summed[i] += Load(row[i]);
+      }
+      detail::UpdateSpan<Rule, T, C>(p, var + offset, s.data(), summed.data(), row_size);
+    }
+  });
+  return "";
+}
+
+}  // namespace fusedopt
+
+#endif  // FUSEDOPT_CC_CORE_ENGINE_H_

@@ -1,0 +1,131 @@
+// Storage and compute types for the TensorFlow-free core.
+//
+// Variables may be stored as half, bfloat16, float or double; every rule computes
+// in `ComputeType<T>` (float for the 16-bit types, so half/bfloat16 math happens in
+// float32 registers and is rounded once on store). The 16-bit types are plain
+// bit containers, layout-compatible with Eigen::half / Eigen::bfloat16 /
+// numpy.float16 / ml_dtypes.bfloat16, so the TF binding and the pybind11 module can
+// reinterpret their buffers without conversion. Conversions round to nearest even,
+// like Eigen and NumPy, so results agree bit for bit with a float32 computation
+// rounded by either library.
+#ifndef FUSEDOPT_CC_CORE_NUMERIC_H_
+#define FUSEDOPT_CC_CORE_NUMERIC_H_
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define FO_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define FO_HOST_DEVICE inline
+#endif
+
+namespace fusedopt {
+
+struct half_t {
+  uint16_t bits;
+};
+struct bfloat16_t {
+  uint16_t bits;
+};
+
+namespace detail {
+FO_HOST_DEVICE uint32_t FloatBits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof(u));
+  return u;
+}
+FO_HOST_DEVICE float BitsFloat(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof(f));
+  return f;
+}
+}  // namespace detail
+
+FO_HOST_DEVICE float ToFloat(half_t h) {
+  // Re-bias the exponent; subnormal halves become normal floats via one exact
+  // float subtraction, Inf/NaN keep an all-ones exponent.
+  const uint32_t shifted_exp = 0x7c00u << 13;
+  uint32_t u = (static_cast<uint32_t>(h.bits) & 0x7fffu) << 13;
+  const uint32_t exp = shifted_exp & u;
+  u += (127u - 15u) << 23;
+  if (exp == shifted_exp) {
+    u += (128u - 16u) << 23;
+  } else if (exp == 0) {
+    u += 1u << 23;
+    u = detail::FloatBits(detail::BitsFloat(u) - detail::BitsFloat(113u << 23));
+  }
+  u |= (static_cast<uint32_t>(h.bits) & 0x8000u) << 16;
+  return detail::BitsFloat(u);
+}
+
+FO_HOST_DEVICE half_t ToHalf(float f) {
+  uint32_t u = detail::FloatBits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  u &= 0x7fffffffu;
+  uint16_t out;
+  if (u >= (143u << 23)) {  // >= 65536: overflow to Inf; NaN stays (quiet) NaN.
+    out = u > (255u << 23) ? 0x7e00u : 0x7c00u;
+  } else if (u < (113u << 23)) {  // below half's normal range: let one float add round.
+    const float magic = detail::BitsFloat(((127u - 15u) + (23u - 10u) + 1u) << 23);
+    out = static_cast<uint16_t>(detail::FloatBits(detail::BitsFloat(u) + magic) -
+                                detail::FloatBits(magic));
+  } else {  // normal: re-bias, round to nearest even on the 13 dropped bits.
+    const uint32_t mantissa_odd = (u >> 13) & 1u;
+    u += ((15u - 127u) << 23) + 0xfffu + mantissa_odd;
+    out = static_cast<uint16_t>(u >> 13);
+  }
+  return half_t{static_cast<uint16_t>(out | sign)};
+}
+
+FO_HOST_DEVICE float ToFloat(bfloat16_t b) {
+  return detail::BitsFloat(static_cast<uint32_t>(b.bits) << 16);
+}
+
+FO_HOST_DEVICE bfloat16_t ToBfloat16(float f) {
+  const uint32_t u = detail::FloatBits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {  // NaN: keep it a quiet NaN with its sign.
+    return bfloat16_t{static_cast<uint16_t>((u >> 16) | 0x0040u)};
+  }
+  const uint32_t rounding_bias = 0x7fffu + ((u >> 16) & 1u);
+  return bfloat16_t{static_cast<uint16_t>((u + rounding_bias) >> 16)};
+}
+
+// ComputeType<T>: the register type rules compute in.
+template <typename T>
+struct ComputeTypeOf {
+  using type = float;
+};
+template <>
+struct ComputeTypeOf<double> {
+  using type = double;
+};
+template <typename T>
+using ComputeType = typename ComputeTypeOf<T>::type;
+
+// Load/Store move between storage and compute types.
+FO_HOST_DEVICE float Load(half_t x) { return ToFloat(x); }
+FO_HOST_DEVICE float Load(bfloat16_t x) { return ToFloat(x); }
+FO_HOST_DEVICE float Load(float x) { return x; }
+FO_HOST_DEVICE double Load(double x) { return x; }
+
+FO_HOST_DEVICE void Store(half_t& dst, float x) { dst = ToHalf(x); }
+FO_HOST_DEVICE void Store(bfloat16_t& dst, float x) { dst = ToBfloat16(x); }
+FO_HOST_DEVICE void Store(float& dst, float x) { dst = x; }
+FO_HOST_DEVICE void Store(double& dst, double x) { dst = x; }
+
+// Math with overloads for both compute types, usable in device code.
+FO_HOST_DEVICE float Sqrt(float x) { return sqrtf(x); }
+FO_HOST_DEVICE double Sqrt(double x) { return sqrt(x); }
+FO_HOST_DEVICE float Abs(float x) { return fabsf(x); }
+FO_HOST_DEVICE double Abs(double x) { return fabs(x); }
+// NaN-propagating max (std::max would drop a NaN in its second argument).
+template <typename C>
+FO_HOST_DEVICE C MaxPropagateNaN(C a, C b) {
+  return (a != a || a > b) ? a : b;
+}
+
+}  // namespace fusedopt
+
+#endif  // FUSEDOPT_CC_CORE_NUMERIC_H_

@@ -1,0 +1,41 @@
+// Adamax (TF ApplyAdaMax / Keras Adamax): Adam with an infinity-norm second moment.
+// TF has no sparse Adamax kernel; ours is lazy (only touched rows change).
+#ifndef FUSEDOPT_CC_CORE_RULES_ADAMAX_H_
+#define FUSEDOPT_CC_CORE_RULES_ADAMAX_H_
+
+#include "cc/core/rule.h"
+
+namespace fusedopt {
+
+struct AdamaxRule {
+  static constexpr const char* kOpName = "Adamax";
+  static constexpr const char* kPyName = "adamax";
+  static constexpr std::array<const char*, 2> kSlots = {"m", "v"};
+  static constexpr std::array<const char*, 5> kHyper = {"beta1_power", "lr", "beta1", "beta2",
+                                                        "epsilon"};
+  static constexpr std::array<RuleOption, 0> kOptions = {};
+
+  template <typename C>
+  struct Params {
+    C step_size;  // lr / (1 - beta1^t)
+    C one_minus_beta1, beta2, epsilon;
+  };
+
+  template <typename C>
+  static Params<C> Prepare(const C* h, const bool*) {
+    return {h[1] / (C(1) - h[0]), C(1) - h[2], h[3], h[4]};
+  }
+
+  template <typename C>
+  FO_HOST_DEVICE static void Update(const Params<C>& p, C& var, C* slot, C g) {
+    C& m = slot[0];
+    C& v = slot[1];
+    m += (g - m) * p.one_minus_beta1;
+    v = MaxPropagateNaN(p.beta2 * v, Abs(g));
+    var -= p.step_size * (m / (v + p.epsilon));
+  }
+};
+
+}  // namespace fusedopt
+
+#endif  // FUSEDOPT_CC_CORE_RULES_ADAMAX_H_

@@ -1,0 +1,25 @@
+// The registry of rules. Adding an optimizer: write rules/<name>.h, list it here,
+// add a one-line cc/tf/<name>.cc registration and its Python class.
+#ifndef FUSEDOPT_CC_CORE_RULES_ALL_RULES_H_
+#define FUSEDOPT_CC_CORE_RULES_ALL_RULES_H_
+
+#include "cc/core/rules/adagrad.h"
+#include "cc/core/rules/adamax.h"
+#include "cc/core/rules/lazy_adam.h"
+
+namespace fusedopt {
+
+template <typename... Rules>
+struct RuleList {
+  // Calls fn(Rule{}) for every rule, in order.
+  template <typename Fn>
+  static void ForEach(Fn&& fn) {
+    (fn(Rules{}), ...);
+  }
+};
+
+using AllRules = RuleList<LazyAdamRule, AdamaxRule, AdagradRule>;
+
+}  // namespace fusedopt
+
+#endif  // FUSEDOPT_CC_CORE_RULES_ALL_RULES_H_

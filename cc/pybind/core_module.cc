@@ -1,0 +1,252 @@
+// fusedopt._core: the core engine applied in place to NumPy arrays, with no
+// TensorFlow in the process. Tests use it as a framework-free check of the same
+// kernels; benchmarks use it to measure raw kernel bandwidth.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <array>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cc/core/engine.h"
+#include "cc/core/rules/all_rules.h"
+#include "cc/core/validate.h"
+
+namespace py = pybind11;
+
+namespace fusedopt {
+namespace {
+
+Shape ShapeOf(const py::array& a) {
+  return Shape(a.shape(), a.shape() + a.ndim());
+}
+
+std::string DtypeName(const py::array& a) { return py::str(a.dtype()); }
+
+void Require(bool ok, const std::string& message) {
+  if (!ok) throw py::value_error(message);
+}
+
+// Hyper-parameters are rounded to the variable's dtype first, as the TF wrappers do.
+template <typename Rule, typename T>
+ParamsFor<Rule, T> ParamsFromDicts(const py::dict& hyper, const py::dict& options) {
+  std::array<T, Rule::kHyper.size()> values{};
+  std::array<const T*, Rule::kHyper.size()> pointers{};
+  for (size_t i = 0; i < Rule::kHyper.size(); ++i) {
+    const char* name = Rule::kHyper[i];
+    Require(hyper.contains(name), std::string("missing hyper-parameter ") + name);
+    Store(values[i], static_cast<ComputeType<T>>(hyper[name].cast<double>()));
+    pointers[i] = &values[i];
+  }
+  for (auto item : hyper) {
+    const std::string key = py::str(item.first);
+    bool known = false;
+    for (const char* name : Rule::kHyper) known |= key == name;
+    Require(known, "unknown hyper-parameter " + key);
+  }
+  std::array<bool, Rule::kOptions.size()> flags{};
+  for (size_t i = 0; i < Rule::kOptions.size(); ++i) {
+    const char* name = Rule::kOptions[i].name;
+    flags[i] = options.contains(name) ? options[name].cast<bool>() : Rule::kOptions[i].default_value;
+  }
+  for (auto item : options) {
+    const std::string key = py::str(item.first);
+    bool known = false;
+    for (const RuleOption& option : Rule::kOptions) known |= key == option.name;
+    Require(known, "unknown option " + key);
+  }
+  return PrepareParams<Rule, T>(pointers.data(), flags.data());
+}
+
+struct State {
+  py::array var;
+  std::vector<py::array> slots;
+};
+
+template <typename Rule>
+State CheckState(const py::array& var, const py::list& slots, const py::array& grad,
+                 const Shape& indices_shape, bool sparse) {
+  constexpr int kSlots = NumSlots<Rule>();
+  Require(static_cast<int>(slots.size()) == kSlots,
+          std::string(Rule::kPyName) + " needs " + std::to_string(kSlots) + " slot arrays");
+  State state{var, {}};
+  std::vector<Shape> slot_shapes;
+  for (auto s : slots) {
+    state.slots.push_back(s.cast<py::array>());
+    slot_shapes.push_back(ShapeOf(state.slots.back()));
+  }
+  std::vector<py::array> all = state.slots;
+  all.push_back(var);
+  for (const auto& a : all) {
+    Require(a.writeable(), "var and slots must be writeable");
+    Require(DtypeName(a) == DtypeName(var) && DtypeName(grad) == DtypeName(var),
+            "var, slots and grad must share one dtype");
+  }
+  all.push_back(grad);
+  for (const auto& a : all) {
+    Require(a.flags() & py::array::c_style, "arrays must be C-contiguous");
+  }
+  const std::vector<Shape> hyper(NumHyper<Rule>());  // Python numbers: scalars
+  const std::string error =
+      sparse ? ValidateSparse<Rule>(ShapeOf(var), slot_shapes.data(), hyper.data(),
+                                    ShapeOf(grad), indices_shape)
+             : ValidateDense<Rule>(ShapeOf(var), slot_shapes.data(), hyper.data(), ShapeOf(grad));
+  Require(error.empty(), error);
+  return state;
+}
+
+template <typename T, int kSlots>
+std::array<T*, kSlots> SlotPointers(State& state) {
+  std::array<T*, kSlots> out;
+  for (int k = 0; k < kSlots; ++k) out[k] = static_cast<T*>(state.slots[k].mutable_data());
+  return out;
+}
+
+template <typename Rule, typename T>
+void Dense(const py::array& var, const py::list& slots, const py::array& grad,
+           const py::dict& hyper, const py::dict& options, int num_threads) {
+  State state = CheckState<Rule>(var, slots, grad, {}, false);
+  const auto params = ParamsFromDicts<Rule, T>(hyper, options);
+  auto slot_ptrs = SlotPointers<T, NumSlots<Rule>()>(state);
+  T* var_ptr = static_cast<T*>(state.var.mutable_data());
+  const T* grad_ptr = static_cast<const T*>(grad.data());
+  const int64_t n = state.var.size();
+  py::gil_scoped_release release;
+  ThreadExecutor executor(num_threads);
+  ApplyDense<Rule, T>(params, var_ptr, slot_ptrs.data(), grad_ptr, n, executor);
+}
+
+template <typename Rule, typename T, typename Index>
+void Sparse(const py::array& var, const py::list& slots, const py::array& grad,
+            const py::array& indices, const py::dict& hyper, const py::dict& options,
+            int num_threads) {
+  Require(indices.flags() & py::array::c_style, "arrays must be C-contiguous");
+  State state = CheckState<Rule>(var, slots, grad, ShapeOf(indices), true);
+  const auto params = ParamsFromDicts<Rule, T>(hyper, options);
+  auto slot_ptrs = SlotPointers<T, NumSlots<Rule>()>(state);
+  T* var_ptr = static_cast<T*>(state.var.mutable_data());
+  const T* grad_ptr = static_cast<const T*>(grad.data());
+  const Index* index_ptr = static_cast<const Index*>(indices.data());
+  const int64_t rows = state.var.shape(0);
+  const int64_t row_size = rows == 0 ? 0 : state.var.size() / rows;
+  const int64_t n = indices.size();
+  std::string error;
+  {
+    py::gil_scoped_release release;
+    ThreadExecutor executor(num_threads);
+    error = ApplySparse<Rule, T, Index>(params, var_ptr, slot_ptrs.data(), rows, row_size,
+                                        grad_ptr, index_ptr, n, executor);
+  }
+  Require(error.empty(), error);
+}
+
+// Calls fn.template operator()<Rule, T>() for the rule and dtype named.
+template <typename Fn>
+void Dispatch(const std::string& rule, const std::string& dtype, Fn&& fn) {
+  bool found = false;
+  AllRules::ForEach([&](auto rule_tag) {
+    using Rule = decltype(rule_tag);
+    if (found || rule != Rule::kPyName) return;
+    found = true;
+    if (dtype == "float16") {
+      fn.template operator()<Rule, half_t>();
+    } else if (dtype == "bfloat16") {
+      fn.template operator()<Rule, bfloat16_t>();
+    } else if (dtype == "float32") {
+      fn.template operator()<Rule, float>();
+    } else if (dtype == "float64") {
+      fn.template operator()<Rule, double>();
+    } else {
+      throw py::value_error("unsupported dtype " + dtype +
+                            " (float16, bfloat16, float32, float64)");
+    }
+  });
+  Require(found, "unknown rule " + rule);
+}
+
+py::dict Rules() {
+  py::dict out;
+  AllRules::ForEach([&](auto rule_tag) {
+    using Rule = decltype(rule_tag);
+    py::list slots, hyper;
+    py::dict options;
+    for (const char* s : Rule::kSlots) slots.append(s);
+    for (const char* h : Rule::kHyper) hyper.append(h);
+    for (const RuleOption& o : Rule::kOptions) options[o.name] = o.default_value;
+    py::dict entry;
+    entry["op_name"] = Rule::kOpName;
+    entry["slots"] = slots;
+    entry["hyper"] = hyper;
+    entry["options"] = options;
+    out[Rule::kPyName] = entry;
+  });
+  return out;
+}
+
+// Exposes the 16-bit conversions so tests can compare them with NumPy/ml_dtypes.
+py::array_t<uint16_t> RoundFloat32(py::array_t<float, py::array::c_style> x,
+                                   const std::string& dtype) {
+  Require(dtype == "float16" || dtype == "bfloat16", "dtype must be float16 or bfloat16");
+  py::array_t<uint16_t> out(x.size());
+  const float* in = x.data();
+  uint16_t* bits = out.mutable_data();
+  for (py::ssize_t i = 0; i < x.size(); ++i) {
+    bits[i] = dtype == "float16" ? ToHalf(in[i]).bits : ToBfloat16(in[i]).bits;
+  }
+  return out;
+}
+
+py::array_t<float> WidenToFloat32(py::array_t<uint16_t, py::array::c_style> bits,
+                                  const std::string& dtype) {
+  Require(dtype == "float16" || dtype == "bfloat16", "dtype must be float16 or bfloat16");
+  py::array_t<float> out(bits.size());
+  const uint16_t* in = bits.data();
+  float* values = out.mutable_data();
+  for (py::ssize_t i = 0; i < bits.size(); ++i) {
+    values[i] = dtype == "float16" ? ToFloat(half_t{in[i]}) : ToFloat(bfloat16_t{in[i]});
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace fusedopt
+
+PYBIND11_MODULE(_core, m) {
+  using namespace fusedopt;
+  m.doc() = "fusedopt's TensorFlow-free update kernels applied in place to NumPy arrays.";
+  m.def("rules", &Rules, "Rule metadata: slots, hyper-parameters and options of every rule.");
+  m.def("round_float32", &RoundFloat32, py::arg("x"), py::arg("dtype"),
+        "float32 -> float16/bfloat16 bit patterns, rounded as the kernels store them.");
+  m.def("widen_to_float32", &WidenToFloat32, py::arg("bits"), py::arg("dtype"),
+        "float16/bfloat16 bit patterns -> float32, as the kernels load them.");
+  m.def(
+      "apply_dense",
+      [](const std::string& rule, py::array var, py::list slots, py::array grad,
+         py::dict hyper, py::dict options, int num_threads) {
+        Dispatch(rule, DtypeName(var), [&]<typename Rule, typename T>() {
+          Dense<Rule, T>(var, slots, grad, hyper, options, num_threads);
+        });
+      },
+      py::arg("rule"), py::arg("var"), py::arg("slots"), py::arg("grad"), py::arg("hyper"),
+      py::arg("options") = py::dict(), py::arg("num_threads") = 1,
+      "Dense update of var and slots in place.");
+  m.def(
+      "apply_sparse",
+      [](const std::string& rule, py::array var, py::list slots, py::array grad,
+         py::array indices, py::dict hyper, py::dict options, int num_threads) {
+        const std::string index_type = DtypeName(indices);
+        Require(index_type == "int32" || index_type == "int64",
+                "indices must be int32 or int64, got " + index_type);
+        Dispatch(rule, DtypeName(var), [&]<typename Rule, typename T>() {
+          if (index_type == "int32") {
+            Sparse<Rule, T, int32_t>(var, slots, grad, indices, hyper, options, num_threads);
+          } else {
+            Sparse<Rule, T, int64_t>(var, slots, grad, indices, hyper, options, num_threads);
+          }
+        });
+      },
+      py::arg("rule"), py::arg("var"), py::arg("slots"), py::arg("grad"), py::arg("indices"),
+      py::arg("hyper"), py::arg("options") = py::dict(), py::arg("num_threads") = 1,
+      "Sparse update of the rows named by indices (duplicates summed first), in place.");
+}

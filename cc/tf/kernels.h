@@ -1,0 +1,225 @@
+// The generic OpKernel for every rule and variant. It owns what TensorFlow owns:
+// ref vs resource variables, locking (use_locking), copy-on-write/read, dtype and
+// shape validation and the thread pool; then it hands raw buffers to the core
+// engine. Everything that can reject the call runs before the first write.
+#ifndef FUSEDOPT_CC_TF_KERNELS_H_
+#define FUSEDOPT_CC_TF_KERNELS_H_
+
+// TF copies variables with Eigen on the CPU device (copy-on-write/read).
+#define EIGEN_USE_THREADS
+
+#include <array>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "cc/core/engine.h"
+#include "cc/core/validate.h"
+#include "cc/tf/op_defs.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/register_types.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/kernels/training_op_helpers.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+namespace fusedopt {
+namespace tf {
+
+using CPUDevice = Eigen::ThreadPoolDevice;
+
+// TF element type -> the core's layout-compatible storage type.
+template <typename T>
+struct StorageOf {
+  using type = T;
+};
+template <>
+struct StorageOf<Eigen::half> {
+  using type = half_t;
+};
+template <>
+struct StorageOf<::tensorflow::bfloat16> {
+  using type = bfloat16_t;
+};
+static_assert(sizeof(Eigen::half) == sizeof(half_t), "half layout");
+static_assert(sizeof(::tensorflow::bfloat16) == sizeof(bfloat16_t), "bfloat16 layout");
+
+// TF's intra-op CPU thread pool as a core Executor.
+class TfCpuExecutor final : public Executor {
+ public:
+  explicit TfCpuExecutor(::tensorflow::OpKernelContext* ctx)
+      : workers_(ctx->device()->tensorflow_cpu_worker_threads()) {}
+  void ParallelFor(int64_t n, int64_t cost_per_unit, const Block& fn) override {
+    ::tensorflow::Shard(workers_->num_threads, workers_->workers, n, cost_per_unit, fn);
+  }
+
+ private:
+  const ::tensorflow::DeviceBase::CpuWorkerThreads* workers_;
+};
+
+inline Shape ToShape(const ::tensorflow::TensorShape& s) {
+  Shape out(s.dims());
+  for (int i = 0; i < s.dims(); ++i) out[i] = s.dim_size(i);
+  return out;
+}
+
+template <typename Device, typename T, typename Rule, Variant kVariant, typename Index>
+class FusedApplyOp : public ::tensorflow::OpKernel {
+  static constexpr int kSlots = NumSlots<Rule>();
+  static constexpr int kHyper = NumHyper<Rule>();
+  static constexpr int kGradInput = 1 + kSlots + kHyper;
+  static constexpr bool kSparse = IsSparse(kVariant);
+  using Storage = typename StorageOf<T>::type;
+
+ public:
+  explicit FusedApplyOp(::tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("use_locking", &use_exclusive_lock_));
+    for (int i = 0; i < NumOptions<Rule>(); ++i) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr(Rule::kOptions[i].name, &options_[i]));
+    }
+  }
+
+  void Compute(::tensorflow::OpKernelContext* ctx) override {
+    // Resource lookups fail inside TF's locking helper with an InternalError; check
+    // first so a missing/uninitialized variable reads as FailedPrecondition.
+    for (int i = 0; i <= kSlots; ++i) {
+      if (ctx->input_dtype(i) != ::tensorflow::DT_RESOURCE) continue;
+      ::tensorflow::core::RefCountPtr<::tensorflow::Var> variable;
+      const absl::Status found = ::tensorflow::LookupResource(
+          ctx, ::tensorflow::HandleFromInput(ctx, i), &variable);
+      OP_REQUIRES(ctx, found.ok() && variable->tensor()->IsInitialized(),
+                  UninitializedError(ctx, i, found));
+    }
+    std::vector<int> state_inputs(1 + kSlots);
+    std::iota(state_inputs.begin(), state_inputs.end(), 0);
+    auto locks = ::tensorflow::MaybeLockVariableInputMutexesInOrder<Device, T>(
+        ctx, use_exclusive_lock_, kSparse, state_inputs);
+
+    // state[0] is var, state[1..] the slots.
+    std::array<::tensorflow::Tensor, 1 + kSlots> state;
+    std::array<Shape, 1 + kSlots> state_shapes;
+    for (int i = 0; i <= kSlots; ++i) {
+      const char* name = i == 0 ? "var" : Rule::kSlots[i - 1];
+      absl::Status status = ::tensorflow::GetInputTensorFromVariable<Device, T>(
+          ctx, i, use_exclusive_lock_, kSparse, &state[i]);
+      OP_REQUIRES(ctx, status.ok() && state[i].IsInitialized(), UninitializedError(ctx, i, status));
+      OP_REQUIRES(ctx, state[i].dtype() == ::tensorflow::DataTypeToEnum<T>::value,
+                  absl::InvalidArgumentError(
+                      std::string(name) + " has dtype " +
+                      ::tensorflow::DataTypeString(state[i].dtype()) + " but the update is for " +
+                      ::tensorflow::DataTypeString(::tensorflow::DataTypeToEnum<T>::value)));
+      state_shapes[i] = ToShape(state[i].shape());
+    }
+    std::array<Shape, kHyper> hyper_shapes;
+    std::array<const Storage*, kHyper> hyper;
+    for (int i = 0; i < kHyper; ++i) {
+      const ::tensorflow::Tensor& t = ctx->input(1 + kSlots + i);
+      hyper_shapes[i] = ToShape(t.shape());
+      hyper[i] = reinterpret_cast<const Storage*>(t.tensor_data().data());
+    }
+    const ::tensorflow::Tensor& grad = ctx->input(kGradInput);
+    const Shape grad_shape = ToShape(grad.shape());
+    std::string error;
+    if constexpr (kSparse) {
+      error = ValidateSparse<Rule>(state_shapes[0], &state_shapes[1], hyper_shapes.data(),
+                                   grad_shape, ToShape(ctx->input(kGradInput + 1).shape()));
+    } else {
+      error = ValidateDense<Rule>(state_shapes[0], &state_shapes[1], hyper_shapes.data(),
+                                  grad_shape);
+    }
+    OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(error));
+
+    const auto params = PrepareParams<Rule, Storage>(hyper.data(), options_.data());
+    Storage* var = Data(state[0]);
+    std::array<Storage*, kSlots> slots;
+    for (int k = 0; k < kSlots; ++k) slots[k] = Data(state[k + 1]);
+    const Storage* grad_data = reinterpret_cast<const Storage*>(grad.tensor_data().data());
+    TfCpuExecutor executor(ctx);
+    if constexpr (kSparse) {
+      const ::tensorflow::Tensor& indices = ctx->input(kGradInput + 1);
+      const int64_t num_rows = state[0].dim_size(0);
+      const int64_t row_size = num_rows == 0 ? 0 : state[0].NumElements() / num_rows;
+      // ApplySparse checks every index before it writes anything.
+      error = ApplySparse<Rule, Storage, Index>(params, var, slots.data(), num_rows, row_size,
+                                                grad_data, indices.flat<Index>().data(),
+                                                indices.NumElements(), executor);
+      OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(error));
+    } else {
+      ApplyDense<Rule, Storage>(params, var, slots.data(), grad_data, state[0].NumElements(),
+                                executor);
+    }
+    // Local equivalent of MaybeForwardRefInputToRefOutput (not exported on TF 2.15).
+    if (!IsResource(kVariant)) ctx->forward_ref_input_to_ref_output(0, 0);
+  }
+
+ private:
+  static absl::Status UninitializedError(::tensorflow::OpKernelContext* ctx, int input,
+                                         const absl::Status& cause) {
+    return absl::FailedPreconditionError(
+        std::string("Attempting to use uninitialized variable: ") +
+        (input == 0 ? "var" : Rule::kSlots[input - 1]) + " (" +
+        ctx->op_kernel().requested_input(input) + ")" +
+        (cause.ok() ? "" : ": " + std::string(cause.message())));
+  }
+
+  static Storage* Data(::tensorflow::Tensor& t) {
+    return reinterpret_cast<Storage*>(const_cast<char*>(t.tensor_data().data()));
+  }
+
+  bool use_exclusive_lock_ = false;
+  std::array<bool, NumOptions<Rule>()> options_{};
+};
+
+// Registers one kernel for op `op` on `device` with the given type constraints.
+template <typename Kernel>
+void RegisterKernel(const std::string& op, const char* device, ::tensorflow::DataType type,
+                    ::tensorflow::DataType index_type, bool sparse) {
+  ::tensorflow::KernelDefBuilder builder(op.c_str());
+  builder.Device(device).TypeConstraint("T", type);
+  if (sparse) builder.TypeConstraint("Tindices", index_type);
+  // The registrar's constructor does the registration; the object itself is inert.
+  ::tensorflow::kernel_factory::OpKernelRegistrar(
+      builder.Build(), "fusedopt::tf::FusedApplyOp",
+      [](::tensorflow::OpKernelConstruction* ctx) -> ::tensorflow::OpKernel* {
+        return new Kernel(ctx);
+      });
+}
+
+template <typename Device, typename Rule, typename T>
+void RegisterKernelsForType(const char* device) {
+  using ::tensorflow::DataTypeToEnum;
+  const auto type = DataTypeToEnum<T>::value;
+  const auto i32 = ::tensorflow::DT_INT32, i64 = ::tensorflow::DT_INT64;
+  const char* name = Rule::kOpName;
+  RegisterKernel<FusedApplyOp<Device, T, Rule, Variant::kApply, int32_t>>(
+      OpName(name, Variant::kApply), device, type, i32, false);
+  RegisterKernel<FusedApplyOp<Device, T, Rule, Variant::kResourceApply, int32_t>>(
+      OpName(name, Variant::kResourceApply), device, type, i32, false);
+  RegisterKernel<FusedApplyOp<Device, T, Rule, Variant::kSparseApply, int32_t>>(
+      OpName(name, Variant::kSparseApply), device, type, i32, true);
+  RegisterKernel<FusedApplyOp<Device, T, Rule, Variant::kSparseApply, int64_t>>(
+      OpName(name, Variant::kSparseApply), device, type, i64, true);
+  RegisterKernel<FusedApplyOp<Device, T, Rule, Variant::kResourceSparseApply, int32_t>>(
+      OpName(name, Variant::kResourceSparseApply), device, type, i32, true);
+  RegisterKernel<FusedApplyOp<Device, T, Rule, Variant::kResourceSparseApply, int64_t>>(
+      OpName(name, Variant::kResourceSparseApply), device, type, i64, true);
+}
+
+// The four ops of a rule and their CPU kernels for every dtype and index type.
+template <typename Rule>
+bool RegisterOptimizer() {
+  for (Variant v : kAllVariants) RegisterOpDef<Rule>(v);
+  RegisterKernelsForType<CPUDevice, Rule, Eigen::half>(::tensorflow::DEVICE_CPU);
+  RegisterKernelsForType<CPUDevice, Rule, ::tensorflow::bfloat16>(::tensorflow::DEVICE_CPU);
+  RegisterKernelsForType<CPUDevice, Rule, float>(::tensorflow::DEVICE_CPU);
+  RegisterKernelsForType<CPUDevice, Rule, double>(::tensorflow::DEVICE_CPU);
+  return true;
+}
+
+}  // namespace tf
+}  // namespace fusedopt
+
+// One line per optimizer, in its own translation unit (compile time and memory).
+#define FUSEDOPT_REGISTER_OPTIMIZER(Rule) \
+  static const bool fusedopt_registered_##Rule = ::fusedopt::tf::RegisterOptimizer<::fusedopt::Rule>()
+
+#endif  // FUSEDOPT_CC_TF_KERNELS_H_

@@ -1,0 +1,150 @@
+// Op definitions for any rule: four ops per rule, built from the rule's declared
+// slots, hyper-parameters and options, so no optimizer writes REGISTER_OP by hand.
+//
+//   FusedOpt>Apply<Rule>                 ref variables, returns the var ref
+//   FusedOpt>ResourceApply<Rule>         resource variables
+//   FusedOpt>SparseApply<Rule>           ref, (grad [N]+var.shape[1:], indices [N])
+//   FusedOpt>ResourceSparseApply<Rule>   resource, sparse
+//
+// The shape functions run the same validation as the kernels whenever the shapes
+// are fully known (same message, at graph-construction time); otherwise they merge
+// what is known, like TF's own training ops.
+#ifndef FUSEDOPT_CC_TF_OP_DEFS_H_
+#define FUSEDOPT_CC_TF_OP_DEFS_H_
+
+#include <string>
+#include <vector>
+
+#include "cc/core/rule.h"
+#include "cc/core/validate.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace fusedopt {
+namespace tf {
+
+enum class Variant { kApply, kResourceApply, kSparseApply, kResourceSparseApply };
+constexpr Variant kAllVariants[] = {Variant::kApply, Variant::kResourceApply,
+                                    Variant::kSparseApply, Variant::kResourceSparseApply};
+
+constexpr bool IsResource(Variant v) {
+  return v == Variant::kResourceApply || v == Variant::kResourceSparseApply;
+}
+constexpr bool IsSparse(Variant v) {
+  return v == Variant::kSparseApply || v == Variant::kResourceSparseApply;
+}
+
+inline std::string OpName(const char* rule_op_name, Variant v) {
+  static const char* const kPrefix[] = {"Apply", "ResourceApply", "SparseApply",
+                                        "ResourceSparseApply"};
+  return std::string("FusedOpt>") + kPrefix[static_cast<int>(v)] + rule_op_name;
+}
+
+namespace detail {
+
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+// The variable's shape: from the resource handle's data when there is one.
+inline ShapeHandle VariableShape(InferenceContext* c, int input) {
+  const auto* handle_data = c->input_handle_shapes_and_types(input);
+  if (handle_data != nullptr && !handle_data->empty() &&
+      (*handle_data)[0].dtype != ::tensorflow::DT_INVALID) {
+    return (*handle_data)[0].shape;
+  }
+  return c->input(input);
+}
+
+inline bool KnownShape(InferenceContext* c, ShapeHandle h, Shape* out) {
+  if (!c->FullyDefined(h)) return false;
+  out->clear();
+  for (int i = 0; i < c->Rank(h); ++i) out->push_back(c->Value(c->Dim(h, i)));
+  return true;
+}
+
+template <typename Rule>
+absl::Status InferShapes(InferenceContext* c, bool sparse, bool ref_output) {
+  constexpr int kSlots = NumSlots<Rule>(), kHyper = NumHyper<Rule>();
+  const int grad_input = 1 + kSlots + kHyper;
+  // Fully known: the kernels' own validation, word for word.
+  std::vector<ShapeHandle> handles;
+  for (int i = 0; i <= kSlots; ++i) handles.push_back(VariableShape(c, i));
+  for (int i = 0; i < kHyper; ++i) handles.push_back(c->input(1 + kSlots + i));
+  handles.push_back(c->input(grad_input));
+  if (sparse) handles.push_back(c->input(grad_input + 1));
+  std::vector<Shape> known(handles.size());
+  bool all_known = true;
+  for (size_t i = 0; i < handles.size(); ++i) all_known &= KnownShape(c, handles[i], &known[i]);
+  if (all_known) {
+    const Shape* slots = &known[1];
+    const Shape* hyper = &known[1 + kSlots];
+    const std::string error =
+        sparse ? ValidateSparse<Rule>(known[0], slots, hyper, known[grad_input], known.back())
+               : ValidateDense<Rule>(known[0], slots, hyper, known[grad_input]);
+    if (!error.empty()) return absl::InvalidArgumentError(error);
+  }
+  // Partly known: merge what we can.
+  ShapeHandle var = handles[0];
+  for (int i = 1; i <= kSlots; ++i) TF_RETURN_IF_ERROR(c->Merge(var, handles[i], &var));
+  ShapeHandle unused;
+  for (int i = 0; i < kHyper; ++i) {
+    TF_RETURN_IF_ERROR(c->WithRank(handles[1 + kSlots + i], 0, &unused));
+  }
+  ShapeHandle grad = handles[grad_input];
+  if (sparse) {
+    ShapeHandle indices;
+    TF_RETURN_IF_ERROR(c->WithRank(handles.back(), 1, &indices));
+    TF_RETURN_IF_ERROR(c->WithRankAtLeast(grad, 1, &grad));
+    ::tensorflow::shape_inference::DimensionHandle unused_dim;
+    TF_RETURN_IF_ERROR(c->Merge(c->Dim(grad, 0), c->Dim(indices, 0), &unused_dim));
+    ShapeHandle var_inner, grad_inner;
+    TF_RETURN_IF_ERROR(c->WithRankAtLeast(var, 1, &var));
+    TF_RETURN_IF_ERROR(c->Subshape(var, 1, &var_inner));
+    TF_RETURN_IF_ERROR(c->Subshape(grad, 1, &grad_inner));
+    TF_RETURN_IF_ERROR(c->Merge(var_inner, grad_inner, &unused));
+  } else {
+    TF_RETURN_IF_ERROR(c->Merge(var, grad, &var));
+  }
+  if (ref_output) c->set_output(0, var);
+  return absl::OkStatus();
+}
+
+}  // namespace detail
+
+template <typename Rule>
+void RegisterOpDef(Variant variant) {
+  const std::string name = OpName(Rule::kOpName, variant);
+  const std::string state_type = IsResource(variant) ? "resource" : "Ref(T)";
+  ::tensorflow::register_op::OpDefBuilderWrapper op(name.c_str());
+  op.Input("var: " + state_type);
+  for (const char* slot : Rule::kSlots) op.Input(std::string(slot) + ": " + state_type);
+  for (const char* hyper : Rule::kHyper) op.Input(std::string(hyper) + ": T");
+  op.Input("grad: T");
+  if (IsSparse(variant)) {
+    op.Input("indices: Tindices");
+    op.Attr("Tindices: {int32, int64}");
+  }
+  if (!IsResource(variant)) {
+    op.Output("out: Ref(T)");
+    // Let the kernel report uninitialized ref inputs in its own words.
+    op.SetAllowsUninitializedInput();
+  }
+  op.Attr("T: {half, bfloat16, float, double}");
+  op.Attr("use_locking: bool = false");
+  for (const RuleOption& option : Rule::kOptions) {
+    op.Attr(std::string(option.name) + ": bool = " + (option.default_value ? "true" : "false"));
+  }
+  const bool sparse = IsSparse(variant), ref_output = !IsResource(variant);
+  op.SetShapeFn([sparse, ref_output](::tensorflow::shape_inference::InferenceContext* c) {
+    return detail::InferShapes<Rule>(c, sparse, ref_output);
+  });
+  op.Doc(std::string("Fused ") + Rule::kOpName + " update" +
+         (sparse ? " of the rows named by indices (duplicates summed first)" : "") +
+         ". See fusedopt.ops for the Python wrapper.");
+  op();  // registers with the global op registry
+}
+
+}  // namespace tf
+}  // namespace fusedopt
+
+#endif  // FUSEDOPT_CC_TF_OP_DEFS_H_

@@ -1,0 +1,45 @@
+"""``python -m fusedopt.info``: what this fusedopt build is and what it registers."""
+import fusedopt
+from fusedopt import _loader
+from fusedopt.ops import RULES, VARIANTS, load_library, op_name
+
+
+def describe():
+    """A dict describing the build, the running TF and the registered kernels."""
+    import tensorflow as tf
+    from tensorflow.python.framework import kernels
+
+    load_library()
+    ops = {}
+    for rule in RULES:
+        for variant in VARIANTS:
+            name = op_name(rule, variant)
+            devices = sorted({k.device_type for k in kernels.get_registered_kernels_for_op(name).kernel})
+            ops[name] = devices
+    all_devices = {d for devices in ops.values() for d in devices}
+    info = _loader.build_info()
+    return {
+        "fusedopt_version": fusedopt.__version__,
+        "library": _loader.library_path(),
+        "built_against_tensorflow": info.get("tensorflow_version"),
+        "running_tensorflow": tf.__version__,
+        "build_system": info.get("build_system"),
+        "compiler": info.get("compiler"),
+        "cpu_kernels": "CPU" in all_devices,
+        "cuda_kernels": "GPU" in all_devices,
+        "ops": ops,
+    }
+
+
+def main():
+    info = describe()
+    for key, value in info.items():
+        if key != "ops":
+            print(f"{key:26s} {value}")
+    print(f"ops ({len(info['ops'])}):")
+    for name, devices in info["ops"].items():
+        print(f"  {name:40s} {', '.join(devices)}")
+
+
+if __name__ == "__main__":
+    main()

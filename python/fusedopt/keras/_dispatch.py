@@ -1,0 +1,66 @@
+"""Shared plumbing of the Keras optimizers: one fused update, fused op or composed form.
+
+``apply(rule, variable, slots, grad, hyper, options)`` updates ``variable`` and its
+``slots`` in place with fusedopt's op for ``rule`` (dense gradient, or ``tf.IndexedSlices``
+-> the sparse op, touched rows only). Where the custom kernels cannot run — inside an
+XLA-compiled function (``jit_compile=True``) or when ``composed=True`` (DTensor sharded
+layouts) — it uses ``fusedopt.reference``, the same rule in composed TF ops.
+"""
+
+import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
+
+from fusedopt import reference
+
+_OPS = {}
+
+
+def _op(rule, sparse):
+    key = (rule, sparse)
+    if key not in _OPS:
+        from fusedopt import ops  # loads the op library on first use only
+
+        _OPS[key] = getattr(ops, "resource_%sapply_%s" % ("sparse_" if sparse else "", rule))
+    return _OPS[key]
+
+
+def in_xla_context():
+    """True while tracing a function that XLA compiles (``tf.function(jit_compile=True)``)."""
+    if tf.executing_eagerly():
+        return False
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def unwrap(variable):
+    """The ``tf.Variable`` behind a Keras 3 variable (other variables as they are)."""
+    if isinstance(variable, tf.Variable):
+        return variable
+    for attr in ("_value", "value"):  # keras.Variable holds its tf.Variable in _value
+        value = getattr(variable, attr, None)
+        if isinstance(value, tf.Variable):
+            return value
+    return variable
+
+
+def apply(rule, variable, slots, grad, hyper, options=None, composed=False):
+    """One update of ``variable`` and ``slots`` (in the rule's slot order).
+
+    ``hyper``: dict of the rule's hyper-parameters (numbers or tensors). The gradient is
+    cast to the variable's dtype first, as Keras does.
+    """
+    options = dict(options or {})
+    variable = unwrap(variable)
+    slots = [unwrap(s) for s in slots]
+    dtype = variable.dtype.base_dtype
+    composed = composed or in_xla_context()
+    if isinstance(grad, tf.IndexedSlices):
+        values = tf.cast(grad.values, dtype)
+        if composed:
+            return reference.apply_sparse(rule, variable, slots, values, grad.indices,
+                                          **hyper, **options)
+        return _op(rule, True)(variable, *slots, grad=values, indices=grad.indices,
+                               **hyper, **options)
+    grad = tf.cast(grad, dtype)
+    if composed:
+        return reference.apply_dense(rule, variable, slots, grad, **hyper, **options)
+    return _op(rule, False)(variable, *slots, grad=grad, **hyper, **options)

@@ -1,0 +1,139 @@
+"""Composed-TF-ops implementation of the fusedopt rules (no custom ops, no .so needed).
+
+Used as the fallback where the custom kernels cannot run (XLA / jit_compile, DTensor)
+and as a test oracle. The math is written once per rule (pure functions on tensors);
+``apply_dense`` / ``apply_sparse`` are generic and assign into tf.Variables (resource
+or ref). Half/bfloat16 compute in float32 and round the result once, like the kernels.
+"""
+
+import tensorflow as tf
+
+__all__ = ["RULES", "lazy_adam", "adamax", "adagrad", "apply_dense", "apply_sparse"]
+
+
+def _compute_dtype(dtype):
+    return tf.float32 if dtype in (tf.float16, tf.bfloat16) else dtype
+
+
+def _prep(var, values, hypers):
+    """(var dtype, [var, *values, *hypers] in the compute dtype).
+
+    Hyper-parameters are first converted/cast to the var dtype, as the ops do; values
+    (slots, grad) go straight to the compute dtype (a float32 duplicate-summed grad
+    is not rounded back to half first).
+    """
+    var = tf.convert_to_tensor(var)
+    dtype, c = var.dtype, _compute_dtype(var.dtype)
+    out = [tf.cast(var, c)] + [tf.cast(t, c) for t in values]
+    for h in hypers:
+        h = tf.cast(tf.convert_to_tensor(h, dtype_hint=dtype), dtype)
+        out.append(tf.cast(h, c))
+    return dtype, out
+
+
+def _finish(dtype, *tensors):
+    return tuple(tf.cast(t, dtype) for t in tensors)
+
+
+def lazy_adam(var, m, v, grad, beta1_power, beta2_power, lr, beta1, beta2, epsilon,
+              use_nesterov=False):
+    """Adam (TF ApplyAdam math). Returns (var, m, v) in var's dtype."""
+    dtype, (var, m, v, g, b1p, b2p, lr, b1, b2, eps) = _prep(
+        var, (m, v, grad), (beta1_power, beta2_power, lr, beta1, beta2, epsilon))
+    m = m + (g - m) * (1 - b1)
+    v = v + (g * g - v) * (1 - b2)
+    alpha = lr * tf.sqrt(1 - b2p) / (1 - b1p)
+    num = m * b1 + (1 - b1) * g if use_nesterov else m
+    var = var - alpha * num / (tf.sqrt(v) + eps)
+    return _finish(dtype, var, m, v)
+
+
+def adamax(var, m, v, grad, beta1_power, lr, beta1, beta2, epsilon):
+    """AdaMax (TF ApplyAdaMax math). Returns (var, m, v) in var's dtype."""
+    dtype, (var, m, v, g, b1p, lr, b1, b2, eps) = _prep(
+        var, (m, v, grad), (beta1_power, lr, beta1, beta2, epsilon))
+    m = m + (g - m) * (1 - b1)
+    v = tf.maximum(b2 * v, tf.abs(g))
+    var = var - lr / (1 - b1p) * m / (v + eps)
+    return _finish(dtype, var, m, v)
+
+
+def adagrad(var, accum, grad, lr, epsilon, update_slots=True, epsilon_inside_sqrt=False):
+    """Adagrad (TF ApplyAdagradV2 math; eps inside the sqrt optionally). Returns (var, accum)."""
+    dtype, (var, accum, g, lr, eps) = _prep(var, (accum, grad), (lr, epsilon))
+    if update_slots:
+        accum = accum + g * g
+    denom = tf.sqrt(accum + eps) if epsilon_inside_sqrt else tf.sqrt(accum) + eps
+    var = var - lr * g / denom
+    return _finish(dtype, var, accum)
+
+
+# Same structure as fusedopt.ops.RULES (kept here so this module needs no .so).
+RULES = {
+    "lazy_adam": dict(slots=["m", "v"],
+                      hyper=["beta1_power", "beta2_power", "lr", "beta1", "beta2", "epsilon"],
+                      options={"use_nesterov": False}),
+    "adamax": dict(slots=["m", "v"], hyper=["beta1_power", "lr", "beta1", "beta2", "epsilon"],
+                   options={}),
+    "adagrad": dict(slots=["accum"], hyper=["lr", "epsilon"],
+                    options={"update_slots": True, "epsilon_inside_sqrt": False}),
+}
+_FNS = {"lazy_adam": lazy_adam, "adamax": adamax, "adagrad": adagrad}
+
+
+def _call_rule(rule, var, slots, grad, kwargs):
+    if rule not in RULES:
+        raise ValueError("unknown rule %r; expected one of %s" % (rule, sorted(RULES)))
+    spec = RULES[rule]
+    kwargs = dict(kwargs)
+    kwargs.pop("use_locking", None)  # accepted for signature parity with the ops
+    kwargs.pop("name", None)
+    unknown = set(kwargs) - set(spec["hyper"]) - set(spec["options"])
+    missing = set(spec["hyper"]) - set(kwargs)
+    if unknown or missing:
+        raise TypeError("%s: unknown arguments %s, missing hyper-parameters %s"
+                        % (rule, sorted(unknown), sorted(missing)))
+    slots = list(slots)
+    if len(slots) != len(spec["slots"]):
+        raise ValueError("%s takes %d slots (%s), got %d"
+                         % (rule, len(spec["slots"]), spec["slots"], len(slots)))
+    out = _FNS[rule](var, *slots, grad, **kwargs)
+    return out[0], out[1:]
+
+
+def _result(updates):
+    # The grouped op for tf.compat.v1 graphs (to sess.run); None in eager mode and in
+    # tf.function, where automatic control dependencies run the updates.
+    return None if tf.executing_eagerly() or tf.inside_function() else tf.group(*updates)
+
+
+def apply_dense(rule, var_variable, slot_variables, grad, **hyper_and_options):
+    """var, slots <- rule(var, slots, grad).
+
+    Returns the grouped assign op in v1 graphs, else None.
+    """
+    slot_variables = list(slot_variables)
+    new_var, new_slots = _call_rule(
+        rule, var_variable.value(), [s.value() for s in slot_variables], grad,
+        hyper_and_options)
+    updates = [v.assign(x, read_value=False)
+               for v, x in zip([var_variable] + slot_variables, (new_var,) + new_slots)]
+    return _result(updates)
+
+
+def apply_sparse(rule, var_variable, slot_variables, grad, indices, **hyper_and_options):
+    """Sparse update: duplicate indices summed, each touched row updated once.
+
+    Rows not in `indices` are never written. Works in graph, eager and
+    tf.function(jit_compile=True). Returns the grouped scatter op in v1 graphs, else None.
+    """
+    slot_variables = list(slot_variables)
+    grad = tf.convert_to_tensor(grad)
+    rows, segments = tf.unique(tf.reshape(indices, [-1]))
+    grad = tf.math.unsorted_segment_sum(
+        tf.cast(grad, _compute_dtype(grad.dtype)), segments, tf.shape(rows)[0])
+    gathered = [tf.gather(v, rows) for v in [var_variable] + slot_variables]
+    new_var, new_slots = _call_rule(rule, gathered[0], gathered[1:], grad, hyper_and_options)
+    updates = [tf.compat.v1.scatter_update(v, rows, x)
+               for v, x in zip([var_variable] + slot_variables, (new_var,) + new_slots)]
+    return _result(updates)

@@ -1,0 +1,14 @@
+"""Shared pytest setup for the fusedopt tests."""
+
+import importlib.util
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+# Use the installed package (pip install -e . or a wheel) when there is one; otherwise
+# fall back to the source tree so that the pure-Python parts (fusedopt.reference) can
+# be tested before the extension is built.
+if importlib.util.find_spec("fusedopt") is None:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "python"))

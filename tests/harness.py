@@ -1,0 +1,217 @@
+"""Test harness shared by test_ops.py and test_reference.py.
+
+A ``Runner`` holds a variable and its slots in one of several MODES and applies an
+update function step by step; ``check_steps`` drives several steps and compares every
+step (var and every slot) with the NumPy float64 reference, starting each step from
+the state the implementation under test actually produced.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+import numpy_reference as npref
+
+RULES = npref.RULES
+DTYPES = ["half", "bfloat16", "float", "double"]
+TF_DTYPES = {"half": tf.float16, "bfloat16": tf.bfloat16, "float": tf.float32,
+             "double": tf.float64}
+INDEX_DTYPES = {"int32": np.int32, "int64": np.int64}
+
+# eager/function/jit: resource variables; graph_resource/graph_ref: tf.compat.v1 graph
+# + Session with resource / ref variables.
+MODES = ["graph_ref", "eager", "function", "graph_resource"]
+
+# Per-rule hyper-parameters (beta powers are filled in per step).  Epsilons are large
+# enough to matter at half precision; everything is rounded to the var dtype.
+BASE_HYPER = {
+    "lazy_adam": dict(lr=0.1, beta1=0.9, beta2=0.99, epsilon=0.01),
+    "adamax": dict(lr=0.05, beta1=0.8, beta2=0.95, epsilon=0.05),
+    "adagrad": dict(lr=0.2, epsilon=0.1),
+}
+
+
+def np_dtype(dtype):
+    return npref.np_dtype(dtype)
+
+
+def hyper_for(rule, dtype, step):
+    """Hyper-parameters for 1-based `step`, rounded to `dtype` (Python floats)."""
+    h = dict(BASE_HYPER[rule])
+    if "beta1_power" in RULES[rule]["hyper"]:
+        h["beta1_power"] = h["beta1"] ** step
+    if "beta2_power" in RULES[rule]["hyper"]:
+        h["beta2_power"] = h["beta2"] ** step
+    return npref.round_hyper(h, dtype)
+
+
+def make_state(rule, shape, dtype, rng):
+    """(var, [slots]) as arrays of `dtype`; slots that must be >= 0 are positive."""
+    dt = np_dtype(dtype)
+    var = rng.uniform(-1, 1, shape).astype(dt)
+    slots = []
+    for name in RULES[rule]["slots"]:
+        if name == "m":
+            slots.append(rng.uniform(-0.5, 0.5, shape).astype(dt))
+        else:  # v (adam, adamax) and accum are non-negative
+            slots.append(rng.uniform(0.05, 1.0, shape).astype(dt))
+    return var, slots
+
+
+def make_grad(shape, dtype, rng):
+    g = rng.uniform(-1, 1, shape)
+    g[np.abs(g) < 1e-3] = 0.5  # no (near-)zero gradients: keeps signs of zero out of it
+    return g.astype(np_dtype(dtype))
+
+
+def make_indices(n, rows, index_dtype, rng):
+    """n indices in [0, rows) with duplicates (n > rows/2) and some untouched rows."""
+    touched = rng.choice(rows, size=max(1, rows - 2), replace=False)
+    return rng.choice(touched, size=n, replace=True).astype(index_dtype)
+
+
+def presum(grad, indices):
+    """Duplicates summed sequentially in the grad dtype, in order of appearance."""
+    order, sums = [], {}
+    for i, r in enumerate(indices.tolist()):
+        if r in sums:
+            sums[r] = (sums[r] + grad[i]).astype(grad.dtype)
+        else:
+            order.append(r)
+            sums[r] = grad[i].copy()
+    g = np.stack([sums[r] for r in order]) if order else grad[:0].copy()
+    return g, np.array(order, dtype=indices.dtype)
+
+
+class Runner:
+    """Variables for one (var, slots) set in `mode`, updated by `update_fn`.
+
+    update_fn(var, slots, grad, indices, hyper, mode) issues one update (indices is None
+    for dense) and returns what should be fetched (e.g. the ref op's output) or None.
+    Hyper-parameters are passed as Python floats in eager mode, tensors of the var
+    dtype in the other modes.
+    """
+
+    def __init__(self, mode, dtype, var0, slots0, update_fn, sparse=False,
+                 index_dtype=np.int32):
+        self.mode, self.update_fn, self.sparse = mode, update_fn, sparse
+        self.dtype = TF_DTYPES[dtype]
+        self.index_dtype = index_dtype
+        if mode in ("graph_ref", "graph_resource"):
+            self.graph = tf.Graph()
+            with self.graph.as_default():
+                use_resource = mode == "graph_resource"
+                self.vars = [tf.compat.v1.Variable(x, use_resource=use_resource)
+                             for x in [var0] + list(slots0)]
+                self.sess = tf.compat.v1.Session(graph=self.graph)
+                self.sess.run(tf.compat.v1.global_variables_initializer())
+            self._ops = {}
+        else:
+            self.vars = [tf.Variable(x) for x in [var0] + list(slots0)]
+            if mode in ("function", "jit"):
+                self._fn = tf.function(self._fcall, jit_compile=(mode == "jit"))
+
+    def _call(self, grad, indices, hyper):
+        return self.update_fn(self.vars[0], self.vars[1:], grad, indices, hyper, self.mode)
+
+    def _fcall(self, grad, indices, hyper):
+        out = self._call(grad, indices, hyper)
+        return None if out is None or isinstance(out, tf.Operation) else out
+
+    def _graph_op(self, hyper_names):
+        key = tuple(sorted(hyper_names))
+        if key not in self._ops:
+            with self.graph.as_default():
+                g = tf.compat.v1.placeholder(self.dtype, name="grad")
+                i = (tf.compat.v1.placeholder(tf.as_dtype(self.index_dtype), name="indices")
+                     if self.sparse else None)
+                h = {k: tf.compat.v1.placeholder(self.dtype, shape=[], name=k) for k in key}
+                out = self._call(g, i, h)
+                if out is None:
+                    out = tf.no_op()
+                self._ops[key] = (out, g, i, h)
+        return self._ops[key]
+
+    def step(self, grad, indices, hyper):
+        """Applies one update; returns the fetched output (np array) or None."""
+        dt = np_dtype(self.dtype)
+        if self.mode in ("graph_ref", "graph_resource"):
+            out, g, i, h = self._graph_op(hyper)
+            feed = {g: grad}
+            if i is not None:
+                feed[i] = indices
+            feed.update({h[k]: np.asarray(v, dt) for k, v in hyper.items()})
+            return self.sess.run(out, feed)
+        if self.mode == "eager":
+            res = self._call(tf.constant(grad),
+                             None if indices is None else tf.constant(indices), hyper)
+        else:
+            res = self._fn(tf.constant(grad),
+                           None if indices is None else tf.constant(indices),
+                           {k: tf.constant(v, self.dtype) for k, v in hyper.items()})
+        if res is None or isinstance(res, (tf.Operation, tf.Variable)):
+            return None
+        return res.numpy()
+
+    def state(self):
+        """(var, [slots]) as NumPy arrays of the var dtype."""
+        if self.mode in ("graph_ref", "graph_resource"):
+            vals = self.sess.run(self.vars)
+        else:
+            vals = [v.numpy() for v in self.vars]
+        return vals[0], vals[1:]
+
+    def close(self):
+        if hasattr(self, "sess"):
+            self.sess.close()
+
+
+def check_steps(mode, rule, dtype, update_fn, sparse=False, index_dtype=np.int32,
+                options=None, shape=(7, 3), steps=3, seed=0, n_indices=None,
+                check_output=False):
+    """Runs `steps` updates in `mode` and checks each against the NumPy reference.
+
+    Checks var and every slot (per-dtype tolerance), that untouched rows are bit-for-bit
+    unchanged (sparse), and, if check_output, that the fetched output equals the new var.
+    Returns the Runner's final state.
+    """
+    rng = np.random.default_rng(seed)
+    var0, slots0 = make_state(rule, shape, dtype, rng)
+    runner = Runner(mode, dtype, var0, slots0, update_fn, sparse, index_dtype)
+    try:
+        var_b, slots_b = runner.state()
+        assert var_b.tobytes() == var0.tobytes()
+        for t in range(1, steps + 1):
+            hyper = hyper_for(rule, dtype, t)
+            if sparse:
+                n = n_indices if n_indices is not None else shape[0] + 2
+                indices = make_indices(n, shape[0], index_dtype, rng)
+                grad = make_grad((n,) + tuple(shape[1:]), dtype, rng)
+                exp_var, exp_slots = npref.sparse_update(rule, var_b, slots_b, grad, indices,
+                                                         hyper, options)
+            else:
+                indices = None
+                grad = make_grad(shape, dtype, rng)
+                exp_var, exp_slots = npref.dense_update(rule, var_b, slots_b, grad, hyper,
+                                                        options)
+            out = runner.step(grad, indices, hyper)
+            var_a, slots_a = runner.state()
+            where = "%s %s %s step %d" % (mode, rule, dtype, t)
+            assert var_a.dtype == var0.dtype and var_a.shape == var0.shape
+            npref.assert_close(var_a, exp_var, dtype, "var, " + where)
+            for name, got, exp in zip(RULES[rule]["slots"], slots_a, exp_slots):
+                npref.assert_close(got, exp, dtype, "%s, %s" % (name, where))
+            if sparse:
+                untouched = np.setdiff1d(np.arange(shape[0]), indices)
+                assert untouched.size > 0
+                for name, before, after in zip(["var"] + RULES[rule]["slots"],
+                                               [var_b] + slots_b, [var_a] + slots_a):
+                    assert before[untouched].tobytes() == after[untouched].tobytes(), (
+                        "untouched rows of %s changed, %s" % (name, where))
+            if check_output:
+                assert out is not None, "ref op returned nothing, " + where
+                assert out.dtype == var_a.dtype and out.tobytes() == var_a.tobytes(), (
+                    "ref op output != updated var, " + where)
+            var_b, slots_b = var_a, slots_a
+        return var_b, slots_b
+    finally:
+        runner.close()

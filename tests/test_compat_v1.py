@@ -1,0 +1,621 @@
+"""fusedopt.compat.v1 optimizers (tf.compat.v1.train.Optimizer subclasses).
+
+Numbers: dense LazyAdam against tf.compat.v1.train.AdamOptimizer and Adagrad (dense and
+sparse) against tf.compat.v1.train.AdagradOptimizer, side by side on the same initial
+values; sparse LazyAdam and Adamax against the NumPy float64 reference, step by step from
+the state the optimizer actually produced. Variables: ref (graph), resource (graph and
+eager). Plus the inherited Optimizer API, the cases TF's adam_test.py / adagrad_test.py
+cover, and Saver checkpoints exchanged with TF's optimizers both ways.
+"""
+
+import os
+
+import numpy as np
+import tensorflow as tf
+from absl.testing import parameterized
+
+import numpy_reference as npref
+from fusedopt.compat import v1 as fv1
+
+MODES = ("graph_ref", "graph_resource", "eager")
+DTYPES = {"half": tf.float16, "float": tf.float32, "double": tf.float64}
+
+# Hyper-parameters large enough to matter at half precision.
+HYPER = {
+    "lazy_adam": dict(learning_rate=0.1, beta1=0.9, beta2=0.99, epsilon=0.01),
+    "adamax": dict(learning_rate=0.05, beta1=0.8, beta2=0.95, epsilon=0.05),
+    "adagrad": dict(learning_rate=0.2, initial_accumulator_value=0.1),
+}
+OURS = {"lazy_adam": fv1.LazyAdamOptimizer, "adamax": fv1.AdamaxOptimizer,
+        "adagrad": fv1.AdagradOptimizer}
+TFS = {"lazy_adam": tf.compat.v1.train.AdamOptimizer,
+       "adagrad": tf.compat.v1.train.AdagradOptimizer}
+SLOTS = {"lazy_adam": ("m", "v"), "adamax": ("m", "v"), "adagrad": ("accumulator",)}
+POWERS = {"lazy_adam": ("beta1_power", "beta2_power"), "adamax": ("beta1_power",),
+          "adagrad": ()}
+OP_SUFFIX = {"lazy_adam": "LazyAdam", "adamax": "Adamax", "adagrad": "Adagrad"}
+
+SHAPE = (6, 3)
+STEPS = 3
+
+
+def np_dtype(name):
+    return DTYPES[name].as_numpy_dtype
+
+
+def make_problem(dtype, sparse, index_dtype=np.int32, seed=0, n_vars=2):
+    """(initial values, grads per step): sparse grads are (values, indices) with repeats."""
+    rng = np.random.default_rng(seed)
+    dt = np_dtype(dtype)
+    var0s = [rng.uniform(-1, 1, SHAPE).astype(dt) for _ in range(n_vars)]
+    steps = []
+    for _ in range(STEPS):
+        grads = []
+        for _ in range(n_vars):
+            if sparse:
+                # rows 0 and 5 never touched; row 1 repeated; the order is not sorted
+                idx = rng.permutation([1, 3, 1, 2, 4, 1, 3]).astype(index_dtype)
+                vals = rng.uniform(-1, 1, (len(idx),) + SHAPE[1:]).astype(dt)
+                grads.append((vals, idx))
+            else:
+                grads.append(rng.uniform(-1, 1, SHAPE).astype(dt))
+        steps.append(grads)
+    return var0s, steps
+
+
+class Trainer:
+    """Variables + one optimizer in `mode`; applies the given grads step by step."""
+
+    def __init__(self, mode, make_opt, var0s, names=None, opt=None):
+        self.mode = mode
+        names = names or ["var%d" % i for i in range(len(var0s))]
+        if mode == "eager":
+            self.vars = [tf.Variable(v, name=n) for v, n in zip(var0s, names)]
+            self.opt = opt or make_opt()
+            return
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            self.vars = [tf.compat.v1.Variable(v, name=n, use_resource=(mode == "graph_resource"))
+                         for v, n in zip(var0s, names)]
+            self.opt = opt or make_opt()
+            self.sess = tf.compat.v1.Session(graph=self.graph)
+        self._train = {}
+
+    def _graph_train(self, grads):
+        sparse = isinstance(grads[0], tuple)
+        key = (sparse, None if not sparse else grads[0][1].dtype)
+        if key not in self._train:
+            with self.graph.as_default():
+                feeds, tf_grads = [], []
+                for g, v in zip(grads, self.vars):
+                    if sparse:
+                        vals = tf.compat.v1.placeholder(v.dtype.base_dtype)
+                        idx = tf.compat.v1.placeholder(tf.as_dtype(g[1].dtype))
+                        feeds.append((vals, idx))
+                        tf_grads.append(tf.IndexedSlices(vals, idx, tf.constant(SHAPE)))
+                    else:
+                        ph = tf.compat.v1.placeholder(v.dtype.base_dtype)
+                        feeds.append(ph)
+                        tf_grads.append(ph)
+                op = self.opt.apply_gradients(list(zip(tf_grads, self.vars)))
+                self.sess.run(tf.compat.v1.global_variables_initializer())
+            self._train[key] = (op, feeds)
+        return self._train[key]
+
+    def step(self, grads):
+        if self.mode == "eager":
+            tf_grads = [tf.IndexedSlices(tf.constant(g[0]), tf.constant(g[1]), tf.constant(SHAPE))
+                        if isinstance(g, tuple) else tf.constant(g) for g in grads]
+            self.opt.apply_gradients(list(zip(tf_grads, self.vars)))
+            return
+        op, feeds = self._graph_train(grads)
+        feed = {}
+        for ph, g in zip(feeds, grads):
+            if isinstance(g, tuple):
+                feed[ph[0]], feed[ph[1]] = g
+            else:
+                feed[ph] = g
+        self.sess.run(op, feed)
+
+    def state(self, rule):
+        """{'var0': ..., 'var0/m': ..., 'beta1_power': ...} as NumPy arrays."""
+        named = {}
+        for i, v in enumerate(self.vars):
+            named["var%d" % i] = v
+            for s in SLOTS[rule]:
+                named["var%d/%s" % (i, s)] = self.opt.get_slot(v, s)
+        if POWERS[rule]:
+            if self.mode == "eager":
+                powers = self.opt._get_beta_accumulators()
+            else:
+                with self.graph.as_default():
+                    powers = self.opt._get_beta_accumulators()
+            named.update(zip(POWERS[rule], powers))
+        if self.mode == "eager":
+            return {k: v.numpy() for k, v in named.items()}
+        return self.sess.run(named)
+
+    def op_types(self):
+        return {op.type for op in self.graph.get_operations()}
+
+    def close(self):
+        if hasattr(self, "sess"):
+            self.sess.close()
+
+
+def run(mode, make_opt, var0s, steps, rule):
+    """(states after each step, op types in the graph or None in eager)."""
+    t = Trainer(mode, make_opt, var0s)
+    try:
+        states = []
+        for grads in steps:
+            t.step(grads)
+            states.append(t.state(rule))
+        types = t.op_types() if mode != "eager" else None
+        return states, types
+    finally:
+        t.close()
+
+
+def tolerance(dtype):
+    # TF's own kernels compute half in half (per-op rounding); ours in float32 rounding
+    # once, so half gets a few-ulp allowance; float/double differ by operation order.
+    return {"half": dict(rtol=4e-3, atol=2e-3), "float": dict(rtol=2e-6, atol=1e-6),
+            "double": dict(rtol=1e-13, atol=1e-14)}[dtype]
+
+
+def assert_states_close(test, ours, theirs, dtype, rule):
+    test.assertEqual(len(ours), len(theirs))
+    for t, (a, b) in enumerate(zip(ours, theirs)):
+        test.assertEqual(sorted(a), sorted(b))
+        for key in a:
+            np.testing.assert_allclose(a[key].astype(np.float64), b[key].astype(np.float64),
+                                       err_msg="%s %s %s step %d" % (rule, dtype, key, t + 1),
+                                       **tolerance(dtype))
+
+
+def expected_ops(rule, mode, sparse):
+    return {"FusedOpt>%s%sApply%s" % ("Resource" if mode == "graph_resource" else "",
+                                       "Sparse" if sparse else "", OP_SUFFIX[rule])}
+
+
+def check_op_types(test, types, rule, mode, sparse):
+    if types is None:
+        return
+    fused = {t for t in types if t.startswith("FusedOpt>")}
+    test.assertEqual(fused, expected_ops(rule, mode, sparse))
+    # No TF training op, no Python-level dedup (unique + segment sum) and no densifying.
+    test.assertFalse({t for t in types if "Apply" in t and not t.startswith("FusedOpt>")})
+    if sparse:
+        test.assertFalse(types & {"Unique", "UnsortedSegmentSum", "ScatterNd",
+                                  "SparseToDense"}, types)
+
+
+class NumbersTest(tf.test.TestCase, parameterized.TestCase):
+
+    @parameterized.product(mode=MODES, dtype=sorted(DTYPES))
+    def test_dense_lazy_adam_equals_tf_adam(self, mode, dtype):
+        var0s, steps = make_problem(dtype, sparse=False)
+        h = HYPER["lazy_adam"]
+        ours, types = run(mode, lambda: fv1.LazyAdamOptimizer(**h), var0s, steps, "lazy_adam")
+        theirs, _ = run(mode, lambda: tf.compat.v1.train.AdamOptimizer(**h), var0s, steps,
+                        "lazy_adam")
+        check_op_types(self, types, "lazy_adam", mode, sparse=False)
+        assert_states_close(self, ours, theirs, dtype, "lazy_adam")
+        self.assertNotAllClose(ours[-1]["var0"], var0s[0])  # it did train
+
+    def test_dense_lazy_adam_same_graph_as_tf_adam(self):
+        """Both optimizers in one graph and one session.run, default hyper-parameters."""
+        with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+            init = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+            grad = tf.constant([[0.1, -0.2], [0.3, 0.01]])
+            a, b = tf.Variable(init, name="a"), tf.Variable(init, name="b")
+            ours = fv1.LazyAdamOptimizer(0.01, name="Ours").apply_gradients([(grad, a)])
+            theirs = tf.compat.v1.train.AdamOptimizer(0.01).apply_gradients([(grad, b)])
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for _ in range(5):
+                sess.run([ours, theirs])
+                va, vb = sess.run([a, b])
+                self.assertAllClose(va, vb, rtol=1e-6, atol=1e-7)
+            self.assertNotAllClose(va, init)
+
+    @parameterized.product(mode=MODES, dtype=sorted(DTYPES), sparse=(False, True))
+    def test_adagrad_equals_tf_adagrad(self, mode, dtype, sparse):
+        var0s, steps = make_problem(dtype, sparse=sparse)
+        h = HYPER["adagrad"]
+        ours, types = run(mode, lambda: fv1.AdagradOptimizer(**h), var0s, steps, "adagrad")
+        theirs, _ = run(mode, lambda: tf.compat.v1.train.AdagradOptimizer(**h), var0s, steps,
+                        "adagrad")
+        check_op_types(self, types, "adagrad", mode, sparse)
+        assert_states_close(self, ours, theirs, dtype, "adagrad")
+        self.assertNotAllClose(ours[-1]["var0"], var0s[0])
+
+    def _check_against_numpy(self, rule, mode, dtype, sparse, index_dtype=np.int32, opt_kwargs=None,
+                             options=None):
+        var0s, steps = make_problem(dtype, sparse=sparse, index_dtype=index_dtype)
+        kwargs = dict(HYPER[rule], **(opt_kwargs or {}))
+        states, types = run(mode, lambda: OURS[rule](**kwargs), var0s, steps, rule)
+        check_op_types(self, types, rule, mode, sparse)
+        dt = np_dtype(dtype)
+        prev = {}
+        for i, v in enumerate(var0s):
+            prev["var%d" % i] = v
+            for s in SLOTS[rule]:
+                fill = kwargs.get("initial_accumulator_value", 0.0) if s == "accumulator" else 0
+                prev["var%d/%s" % (i, s)] = np.full(SHAPE, fill, dt)
+        for p in POWERS[rule]:
+            prev[p] = np.float32(kwargs["beta1" if p == "beta1_power" else "beta2"])
+        for t, (grads, got) in enumerate(zip(steps, states), start=1):
+            hyper = {"lr": kwargs["learning_rate"]}
+            for k in ("beta1", "beta2"):
+                if k in kwargs:
+                    hyper[k] = kwargs[k]
+            hyper["epsilon"] = kwargs.get("epsilon") or 0.0
+            for p in POWERS[rule]:
+                hyper[p] = float(prev[p])  # the float32 variable, as the op reads it
+                # the power variables follow beta**t (float32 products)
+                beta = kwargs["beta1" if p == "beta1_power" else "beta2"]
+                self.assertAllClose(got[p], beta ** (t + 1), rtol=1e-6)
+            # Python floats become float32 tensors (as in TF's optimizers), then the op
+            # casts them to the var dtype
+            hyper = npref.round_hyper(npref.round_hyper(hyper, np.float32), dt)
+            for i, g in enumerate(grads):
+                slots = [prev["var%d/%s" % (i, s)] for s in SLOTS[rule]]
+                if sparse:
+                    exp_var, exp_slots = npref.sparse_update(rule, prev["var%d" % i], slots,
+                                                             g[0], g[1], hyper, options)
+                    untouched = np.setdiff1d(np.arange(SHAPE[0]), g[1])
+                    self.assertAllEqual(untouched, [0, 5])
+                    for key in ["var%d" % i] + ["var%d/%s" % (i, s) for s in SLOTS[rule]]:
+                        self.assertEqual(got[key][untouched].tobytes(),
+                                         prev[key][untouched].tobytes(), key)
+                else:
+                    exp_var, exp_slots = npref.dense_update(rule, prev["var%d" % i], slots, g,
+                                                            hyper, options)
+                where = "%s %s %s step %d" % (rule, mode, dtype, t)
+                npref.assert_close(got["var%d" % i], exp_var, dt, "var%d %s" % (i, where))
+                for s, e in zip(SLOTS[rule], exp_slots):
+                    npref.assert_close(got["var%d/%s" % (i, s)], e, dt,
+                                       "var%d/%s %s" % (i, s, where))
+            prev = got
+        self.assertNotAllClose(states[-1]["var0"], var0s[0])
+
+    @parameterized.product(mode=MODES, dtype=sorted(DTYPES), index_dtype=("int32", "int64"))
+    def test_sparse_lazy_adam_is_lazy(self, mode, dtype, index_dtype):
+        self._check_against_numpy("lazy_adam", mode, dtype, True, getattr(np, index_dtype))
+
+    @parameterized.product(mode=MODES, dtype=sorted(DTYPES), sparse=(False, True))
+    def test_adamax(self, mode, dtype, sparse):
+        self._check_against_numpy("adamax", mode, dtype, sparse,
+                                  np.int64 if mode == "eager" else np.int32)
+
+    @parameterized.product(mode=("graph_ref", "eager"), sparse=(False, True))
+    def test_adagrad_v2_epsilon(self, mode, sparse):
+        self._check_against_numpy("adagrad", mode, "float", sparse, opt_kwargs={"epsilon": 0.1})
+
+    def test_adagrad_epsilon_changes_the_update(self):
+        var0s, steps = make_problem("double", sparse=False)
+        a, _ = run("eager", lambda: fv1.AdagradOptimizer(0.2), var0s, steps, "adagrad")
+        b, _ = run("eager", lambda: fv1.AdagradOptimizer(0.2, epsilon=0.5), var0s, steps,
+                   "adagrad")
+        self.assertNotAllClose(a[0]["var0"], b[0]["var0"])
+
+    @parameterized.parameters(*MODES)
+    def test_repeated_indices_equal_their_sum(self, mode):
+        """A gradient naming row 1 twice == one naming it once with the summed values."""
+        for rule in ("lazy_adam", "adamax", "adagrad"):
+            var0 = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], np.float64)
+            rep = [(np.array([[0.1, 0.2], [0.3, -0.1], [0.5, 0.5]]), np.array([1, 2, 1]))]
+            agg = [(np.array([[0.6, 0.7], [0.3, -0.1]]), np.array([1, 2]))]
+            global SHAPE
+            saved, SHAPE = SHAPE, (3, 2)
+            try:
+                make = lambda: OURS[rule](**HYPER[rule])  # noqa: E731
+                a, _ = run(mode, make, [var0], [rep, rep], rule)
+                b, _ = run(mode, make, [var0], [agg, agg], rule)
+            finally:
+                SHAPE = saved
+            for key in a[-1]:
+                self.assertAllClose(a[-1][key], b[-1][key], rtol=1e-14, atol=1e-15, msg=key)
+            self.assertAllEqual(a[-1]["var0"][0], var0[0])
+            self.assertNotAllClose(a[-1]["var0"][1], var0[1])
+
+
+class HyperParameterTest(tf.test.TestCase, parameterized.TestCase):
+
+    def _final(self, mode, make_opt, rule="lazy_adam"):
+        var0s, steps = make_problem("float", sparse=False)
+        states, _ = run(mode, make_opt, var0s, steps, rule)
+        return states[-1]
+
+    @parameterized.parameters("graph_ref", "graph_resource", "eager")
+    def test_callable_hyper_parameters(self, mode):
+        for rule in ("lazy_adam", "adamax", "adagrad"):
+            h = HYPER[rule]
+            callables = {k: (lambda x=x: x) for k, x in h.items()
+                         if k != "initial_accumulator_value"}
+            kw = dict(h, **callables)
+            plain = self._final(mode, lambda: OURS[rule](**h), rule)
+            with_callables = self._final(mode, lambda: OURS[rule](**kw), rule)
+            for key in plain:
+                self.assertAllEqual(plain[key], with_callables[key], msg=key)
+
+    def test_callable_learning_rate_is_called_every_step(self):
+        """Eager: the callable is evaluated at each apply_gradients (TF's _call_if_callable)."""
+        rates = iter([0.1, 0.0, 0.0])
+        var = tf.Variable([1.0, 2.0])
+        opt = fv1.AdagradOptimizer(lambda: next(rates))
+        opt.apply_gradients([(tf.constant([0.5, 0.5]), var)])
+        after_first = var.numpy()
+        self.assertAllClose(after_first, [1.0 - 0.1 * 0.5 / np.sqrt(0.35)] * 1 +
+                            [2.0 - 0.1 * 0.5 / np.sqrt(0.35)])
+        opt.apply_gradients([(tf.constant([0.5, 0.5]), var)])
+        self.assertAllEqual(var.numpy(), after_first)  # lr 0 now
+
+    @parameterized.parameters("graph_ref", "graph_resource")
+    def test_tensor_learning_rate(self, mode):
+        for rule in ("lazy_adam", "adamax", "adagrad"):
+            h = HYPER[rule]
+            plain = self._final(mode, lambda: OURS[rule](**h), rule)
+
+            def make_opt():  # called inside the Trainer's graph
+                tensors = {k: tf.constant(x) for k, x in h.items()
+                           if k != "initial_accumulator_value"}
+                return OURS[rule](**dict(h, **tensors))
+
+            with_tensors = self._final(mode, make_opt, rule)
+            for key in plain:
+                self.assertAllEqual(plain[key], with_tensors[key], msg=key)
+
+    def test_learning_rate_placeholder(self):
+        with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+            var = tf.compat.v1.Variable([1.0, 2.0], use_resource=False)
+            lr = tf.compat.v1.placeholder(tf.float32, [])
+            train = fv1.LazyAdamOptimizer(lr).minimize(tf.reduce_sum(var * var))
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train, {lr: 0.0})
+            self.assertAllEqual(sess.run(var), [1.0, 2.0])
+            sess.run(train, {lr: 0.5})
+            self.assertNotAllClose(sess.run(var), [1.0, 2.0])
+
+    def test_adagrad_initial_accumulator_validation(self):
+        for bad in (0.0, -0.1):
+            with self.assertRaisesRegex(ValueError, "initial_accumulator_value must be positive"):
+                fv1.AdagradOptimizer(0.1, initial_accumulator_value=bad)
+        var = tf.Variable(tf.zeros([2, 2], tf.float64))
+        opt = fv1.AdagradOptimizer(0.1, initial_accumulator_value=0.25)
+        opt.apply_gradients([(tf.zeros([2, 2], tf.float64), var)])
+        self.assertAllEqual(opt.get_slot(var, "accumulator").numpy(), np.full([2, 2], 0.25))
+
+
+class ApiTest(tf.test.TestCase, parameterized.TestCase):
+
+    def test_signatures_and_names(self):
+        self.assertEqual(fv1.LazyAdamOptimizer().get_name(), "Adam")
+        self.assertEqual(fv1.AdamaxOptimizer().get_name(), "Adamax")
+        self.assertEqual(fv1.AdagradOptimizer(0.1).get_name(), "Adagrad")
+        for cls in (fv1.LazyAdamOptimizer, fv1.AdamaxOptimizer, fv1.AdagradOptimizer):
+            self.assertTrue(issubclass(cls, tf.compat.v1.train.Optimizer))
+            self.assertTrue(cls.__doc__ and "fused" in cls.__doc__)
+            self.assertEqual((cls.GATE_NONE, cls.GATE_OP, cls.GATE_GRAPH), (0, 1, 2))
+        import inspect
+        sig = inspect.signature(fv1.LazyAdamOptimizer)
+        self.assertEqual([(p.name, p.default) for p in sig.parameters.values()],
+                         [("learning_rate", 0.001), ("beta1", 0.9), ("beta2", 0.999),
+                          ("epsilon", 1e-08), ("use_locking", False), ("name", "Adam")])
+        sig = inspect.signature(fv1.AdamaxOptimizer)
+        self.assertEqual([(p.name, p.default) for p in sig.parameters.values()],
+                         [("learning_rate", 0.001), ("beta1", 0.9), ("beta2", 0.999),
+                          ("epsilon", 1e-08), ("use_locking", False), ("name", "Adamax")])
+        sig = inspect.signature(fv1.AdagradOptimizer)
+        self.assertEqual([p.name for p in sig.parameters.values()][:4],
+                         ["learning_rate", "initial_accumulator_value", "use_locking", "name"])
+
+    @parameterized.parameters(("lazy_adam", False), ("adamax", True), ("adagrad", False))
+    def test_inherited_api_graph(self, rule, use_resource):
+        with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+            w = tf.compat.v1.get_variable("w", initializer=np.ones([3, 2], np.float32),
+                                          use_resource=use_resource)
+            emb = tf.compat.v1.get_variable("emb", initializer=np.ones([5, 2], np.float32),
+                                            use_resource=use_resource)
+            frozen = tf.compat.v1.get_variable("frozen", initializer=[1.0],
+                                               use_resource=use_resource)
+            x = tf.constant([[1.0, 2.0, 3.0]])
+            loss = (tf.reduce_sum(tf.matmul(x, w) ** 2)
+                    + tf.reduce_sum(tf.gather(emb, [1, 3, 1])) + tf.reduce_sum(frozen))
+            gs = tf.compat.v1.train.get_or_create_global_step()
+            opt = OURS[rule](**HYPER[rule])
+            gv = opt.compute_gradients(loss, var_list=[w, emb],
+                                       gate_gradients=opt.GATE_GRAPH)
+            self.assertEqual([v for _, v in gv], [w, emb])
+            self.assertIsInstance(gv[0][0], tf.Tensor)
+            self.assertIsInstance(gv[1][0], tf.IndexedSlices)
+            train = opt.apply_gradients(gv, global_step=gs)
+            self.assertEqual(sorted(opt.get_slot_names()), sorted(SLOTS[rule]))
+            for s in SLOTS[rule]:
+                self.assertIsNotNone(opt.get_slot(w, s))
+                self.assertIsNotNone(opt.get_slot(emb, s))
+                self.assertIsNone(opt.get_slot(frozen, s))
+            self.assertIsNone(opt.get_slot(w, "nope"))
+            suffixes = {"m": "", "v": "_1", "accumulator": ""}
+            names = sorted(v.op.name for v in opt.variables())
+            expected = sorted(["w/%s%s" % (opt.get_name(), suffixes[s]) for s in SLOTS[rule]]
+                              + ["emb/%s%s" % (opt.get_name(), suffixes[s])
+                                 for s in SLOTS[rule]] + list(POWERS[rule]))
+            self.assertEqual(names, expected)
+            sess.run(tf.compat.v1.global_variables_initializer())
+            before = sess.run(loss)
+            for _ in range(3):
+                sess.run(train)
+            self.assertEqual(sess.run(gs), 3)
+            self.assertLess(sess.run(loss), before)
+            self.assertAllEqual(sess.run(frozen), [1.0])
+            self.assertAllEqual(sess.run(emb)[[0, 2, 4]], np.ones([3, 2]))  # lazy rows
+            # minimize with every gating mode, sharing the optimizer
+            for gate in (opt.GATE_NONE, opt.GATE_OP, opt.GATE_GRAPH):
+                sess.run(opt.minimize(loss, global_step=gs, gate_gradients=gate,
+                                      var_list=[w]))
+            self.assertEqual(sess.run(gs), 6)
+            self.assertEqual(len(opt.variables()), len(expected))  # no new slots/non-slots
+
+    @parameterized.parameters("lazy_adam", "adamax", "adagrad")
+    def test_minimize_eager(self, rule):
+        w = tf.Variable(np.ones([3, 2], np.float32))
+        emb = tf.Variable(np.ones([5, 2], np.float32))
+        opt = OURS[rule](**HYPER[rule])
+
+        def loss():
+            return tf.reduce_sum(w * w) + tf.reduce_sum(tf.gather(emb, [1, 3, 1]))
+
+        before = loss().numpy()
+        for _ in range(3):
+            opt.minimize(loss)
+        self.assertLess(loss().numpy(), before)
+        self.assertAllEqual(emb.numpy()[[0, 2, 4]], np.ones([3, 2]))
+
+    @parameterized.parameters(("lazy_adam", 6), ("adamax", 5), ("adagrad", 2))
+    def test_slots_unique_eager(self, rule, count):
+        v1 = tf.Variable(1.0)
+        v2 = tf.Variable(1.0)
+        opt = OURS[rule](1.0)
+        opt.minimize(lambda: v1 + v2)
+        # the non-slot variables once, one slot of each kind per variable
+        self.assertLen({id(v) for v in opt.variables()}, count)
+        opt.minimize(lambda: v1 + v2)
+        self.assertLen({id(v) for v in opt.variables()}, count)
+
+    @parameterized.parameters("graph_ref", "graph_resource")
+    def test_sharing_one_optimizer(self, mode):
+        """One optimizer, two apply_gradients ops run alternately (adam_test.testSharing)."""
+        for rule in ("lazy_adam", "adagrad"):
+            var0s, steps = make_problem("float", sparse=False)
+            results = []
+            for cls in (OURS[rule], TFS[rule]):
+                t = Trainer(mode, lambda: cls(**HYPER[rule]), var0s)
+                with t.graph.as_default():
+                    grads = [tf.constant(g) for g in steps[0]]
+                    ups = [t.opt.apply_gradients(list(zip(grads, t.vars))) for _ in range(2)]
+                    t.sess.run(tf.compat.v1.global_variables_initializer())
+                    for i in range(4):
+                        t.sess.run(ups[i % 2])
+                    results.append(t.state(rule))
+                    self.assertEqual(len(t.opt.variables()),
+                                     len(POWERS[rule]) + 2 * len(SLOTS[rule]))
+                t.close()
+            if rule == "lazy_adam":
+                self.assertAllClose(results[0]["beta1_power"], 0.9 ** 5)
+            for key in results[1]:
+                self.assertAllClose(results[0][key], results[1][key], rtol=2e-6, atol=1e-6,
+                                    msg=key)
+
+    def test_two_sessions_one_graph(self):
+        """Each session has its own variable values; the ops are shared."""
+        with tf.Graph().as_default():
+            var = tf.compat.v1.Variable([1.0, 2.0], use_resource=False)
+            opt = fv1.LazyAdamOptimizer(0.1)
+            train = opt.apply_gradients([(tf.constant([0.1, 0.1]), var)])
+            init = tf.compat.v1.global_variables_initializer()
+            with tf.compat.v1.Session() as s1, tf.compat.v1.Session() as s2:
+                s1.run(init)
+                s2.run(init)
+                s1.run(train)
+                s1.run(train)
+                s2.run(train)
+                one_step = s2.run(var)
+                self.assertAllClose(one_step, [0.9, 1.9], rtol=1e-6)  # Adam: first step = lr
+                self.assertAllClose(s1.run(opt._get_beta_accumulators()[0]), 0.9 ** 3)
+                self.assertAllClose(s2.run(opt._get_beta_accumulators()[0]), 0.9 ** 2)
+
+    def test_one_optimizer_in_eager_and_two_graphs(self):
+        """State is keyed by graph (adam_test.testTwoSessions)."""
+        opt = fv1.LazyAdamOptimizer()
+        var = tf.Variable([1.0, 2.0])
+        opt.apply_gradients([(tf.constant([0.1, 0.1]), var)])
+        for dtype in (tf.float32, tf.float64):
+            with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+                gvar = tf.compat.v1.Variable(tf.constant([1.0, 2.0], dtype), name="v0")
+                train = opt.apply_gradients([(tf.constant([0.1, 0.1], dtype), gvar)])
+                sess.run(tf.compat.v1.global_variables_initializer())
+                sess.run(train)
+                self.assertAllClose(sess.run(gvar), [0.999, 1.999], rtol=1e-6)
+                self.assertAllClose(sess.run(opt._get_beta_accumulators()[0]), 0.81)
+
+
+class CheckpointTest(tf.test.TestCase, parameterized.TestCase):
+
+    def _train_and_save(self, make_opt, use_resource, path, steps, restore_from=None):
+        """Builds the model, optionally restores, trains `steps`, saves; returns the values."""
+        with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+            w = tf.compat.v1.get_variable("w", initializer=np.full([3, 2], 0.5, np.float32),
+                                          use_resource=use_resource)
+            emb = tf.compat.v1.get_variable(
+                "emb", initializer=np.arange(10, dtype=np.float32).reshape(5, 2) / 10,
+                use_resource=use_resource)
+            x = tf.constant([[1.0, -2.0, 3.0]])
+            loss = tf.reduce_sum(tf.matmul(x, w) ** 2) + tf.reduce_sum(tf.gather(emb, [1, 3]) ** 2)
+            gs = tf.compat.v1.train.get_or_create_global_step()
+            train = make_opt().minimize(loss, global_step=gs)
+            saver = tf.compat.v1.train.Saver()
+            if restore_from:
+                saver.restore(sess, restore_from)
+            else:
+                sess.run(tf.compat.v1.global_variables_initializer())
+            restored = {v.op.name: sess.run(v) for v in tf.compat.v1.global_variables()}
+            for _ in range(steps):
+                sess.run(train)
+            saver.save(sess, path)
+            final = {v.op.name: sess.run(v) for v in tf.compat.v1.global_variables()}
+            return restored, final
+
+    @parameterized.product(rule=("lazy_adam", "adagrad"), use_resource=(False, True))
+    def test_saver_both_ways(self, rule, use_resource):
+        tmp = self.get_temp_dir()
+        h = HYPER[rule]
+        # dense-only update for the continuation check: TF's Adam is not lazy on sparse rows
+        for first, second in ((TFS[rule], OURS[rule]), (OURS[rule], TFS[rule])):
+            tag = "%s_%s_%d_%s" % (rule, first.__module__.split(".")[0], use_resource,
+                                   self.id().split(".")[-1])
+            p1 = os.path.join(tmp, tag + "_a")
+            _, saved = self._train_and_save(lambda: first(**h), use_resource, p1, 2)
+            keys_first = dict(tf.train.list_variables(p1))
+            restored, cont = self._train_and_save(lambda: second(**h), use_resource,
+                                                  os.path.join(tmp, tag + "_b"), 1,
+                                                  restore_from=p1)
+            keys_second = dict(tf.train.list_variables(os.path.join(tmp, tag + "_b")))
+            self.assertEqual(keys_first, keys_second)  # same names and shapes
+            self.assertEqual(sorted(restored), sorted(saved))
+            for k in saved:
+                self.assertAllEqual(restored[k], saved[k], msg=k)
+            # one more step with the first optimizer from the same checkpoint: same result
+            _, ref = self._train_and_save(lambda: first(**h), use_resource,
+                                          os.path.join(tmp, tag + "_c"), 1, restore_from=p1)
+            for k in ref:
+                if rule == "lazy_adam" and k.startswith("emb") and first is not second:
+                    # sparse rows: TF's Adam decays untouched rows of m/v too; compare
+                    # the touched rows only
+                    self.assertAllClose(cont[k][[1, 3]], ref[k][[1, 3]], rtol=2e-6, msg=k)
+                else:
+                    self.assertAllClose(cont[k], ref[k], rtol=2e-6, atol=1e-7, msg=k)
+            self.assertEqual(cont["global_step"], 3)
+
+    def test_object_checkpoint_eager(self):
+        """tf.train.Checkpoint dependencies (slot and non-slot names) match TF's Adam."""
+        tmp = self.get_temp_dir()
+        var = tf.Variable([1.0, 2.0])
+        tf_opt = tf.compat.v1.train.AdamOptimizer(0.1)
+        for _ in range(2):
+            tf_opt.apply_gradients([(tf.constant([0.1, -0.3]), var)])
+        path = tf.train.Checkpoint(var=var, opt=tf_opt).save(os.path.join(tmp, "obj"))
+        var2 = tf.Variable([0.0, 0.0])
+        ours = fv1.LazyAdamOptimizer(0.1)
+        status = tf.train.Checkpoint(var=var2, opt=ours).restore(path)
+        ours.apply_gradients([(tf.constant([0.1, -0.3]), var2)])  # slots restore on creation
+        status.assert_consumed()
+        tf_opt.apply_gradients([(tf.constant([0.1, -0.3]), var)])
+        self.assertAllClose(var2.numpy(), var.numpy(), rtol=1e-6)
+        self.assertAllClose(ours.get_slot(var2, "m").numpy(), tf_opt.get_slot(var, "m").numpy())
+        self.assertAllClose(ours._get_beta_accumulators()[0].numpy(), 0.9 ** 4)
+
+
+if __name__ == "__main__":
+    tf.test.main()

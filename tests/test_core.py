@@ -1,0 +1,338 @@
+"""fusedopt._core (the TF-free kernels over NumPy arrays) against the NumPy reference,
+thread-count invariance, error handling, and bit-equality with the TF ops."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import error_cases as ec
+import harness
+import numpy_reference as npref
+from fusedopt import _core
+
+RULES = npref.RULES
+RULE_NAMES = sorted(RULES)
+DTYPES = ["half", "bfloat16", "float", "double"]
+INDEX_DTYPES = [np.int32, np.int64]
+OPTION_SETS = {
+    "lazy_adam": [{}, {"use_nesterov": True}],
+    "adamax": [{}],
+    "adagrad": [{}, {"update_slots": False}, {"epsilon_inside_sqrt": True},
+                {"update_slots": False, "epsilon_inside_sqrt": True}],
+}
+RULE_OPTIONS = [(r, o) for r in RULE_NAMES for o in OPTION_SETS[r]]
+
+
+def _ids(val):
+    if isinstance(val, dict):
+        return "-".join("%s=%s" % kv for kv in sorted(val.items())) or "defaults"
+    if isinstance(val, type):
+        return val.__name__
+    return None
+
+
+def test_rules():
+    # The spec'd keys must match; extra keys (e.g. the TF op name) are allowed.
+    rules = _core.rules()
+    assert {r: {k: d[k] for k in ("slots", "hyper", "options")} for r, d in rules.items()} \
+        == RULES
+
+
+def test_dtypes_are_numpy_and_ml_dtypes():
+    assert harness.np_dtype("bfloat16") == np.dtype(ml_dtypes.bfloat16)
+
+
+def _copy(arrs):
+    return [a.copy() for a in arrs]
+
+
+def _snapshot(arrs):
+    return [a.tobytes() for a in arrs]
+
+
+def run_steps(rule, dtype, options, sparse, index_dtype=np.int32, num_threads=1,
+              shape=(9, 4), steps=3, seed=0, n_indices=None):
+    """Several in-place _core steps, each checked against the NumPy reference."""
+    rng = np.random.default_rng(seed)
+    var, slots = harness.make_state(rule, shape, dtype, rng)
+    for t in range(1, steps + 1):
+        hyper = harness.hyper_for(rule, dtype, t)
+        var_b, slots_b = var.copy(), _copy(slots)
+        if sparse:
+            n = n_indices if n_indices is not None else shape[0] + 3
+            indices = harness.make_indices(n, shape[0], index_dtype, rng)
+            grad = harness.make_grad((n,) + tuple(shape[1:]), dtype, rng)
+            exp_var, exp_slots = npref.sparse_update(rule, var_b, slots_b, grad, indices,
+                                                     hyper, options)
+            grad_b, idx_b = grad.tobytes(), indices.tobytes()
+            res = _core.apply_sparse(rule, var, slots, grad, indices, hyper, options,
+                                     num_threads=num_threads)
+            assert idx_b == indices.tobytes()
+        else:
+            grad = harness.make_grad(shape, dtype, rng)
+            exp_var, exp_slots = npref.dense_update(rule, var_b, slots_b, grad, hyper, options)
+            grad_b = grad.tobytes()
+            res = _core.apply_dense(rule, var, slots, grad, hyper, options,
+                                    num_threads=num_threads)
+        assert res is None
+        assert grad_b == grad.tobytes(), "grad modified"
+        where = "%s %s step %d" % (rule, dtype, t)
+        npref.assert_close(var, exp_var, dtype, "var " + where)
+        for name, got, exp in zip(RULES[rule]["slots"], slots, exp_slots):
+            npref.assert_close(got, exp, dtype, name + " " + where)
+        if sparse:
+            untouched = np.setdiff1d(np.arange(shape[0]), indices)
+            assert untouched.size
+            for b, a in zip([var_b] + slots_b, [var] + slots):
+                assert b[untouched].tobytes() == a[untouched].tobytes()
+    return var, slots
+
+
+@pytest.mark.parametrize("num_threads", [1, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rule,options", RULE_OPTIONS, ids=_ids)
+def test_dense_matches_numpy(rule, options, dtype, num_threads):
+    run_steps(rule, dtype, options, sparse=False, num_threads=num_threads)
+
+
+@pytest.mark.parametrize("num_threads", [1, 4])
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=_ids)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rule,options", RULE_OPTIONS, ids=_ids)
+def test_sparse_matches_numpy(rule, options, dtype, index_dtype, num_threads):
+    run_steps(rule, dtype, options, sparse=True, index_dtype=index_dtype,
+              num_threads=num_threads)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("rule", RULE_NAMES)
+def test_rank3_and_default_options(rule, sparse):
+    rng = np.random.default_rng(21)
+    var, slots = harness.make_state(rule, (4, 3, 2), "double", rng)
+    hyper = harness.hyper_for(rule, "double", 1)
+    if sparse:
+        idx = np.array([3, 1, 3], np.int64)
+        grad = harness.make_grad((3, 3, 2), "double", rng)
+        exp = npref.sparse_update(rule, var, slots, grad, idx, hyper)
+        _core.apply_sparse(rule, var, slots, grad, idx, hyper)  # options, threads defaulted
+    else:
+        grad = harness.make_grad((4, 3, 2), "double", rng)
+        exp = npref.dense_update(rule, var, slots, grad, hyper)
+        _core.apply_dense(rule, var, slots, grad, hyper)
+    for got, e in zip([var] + slots, [exp[0]] + exp[1]):
+        npref.assert_close(got, e, "double")
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("dtype", ["half", "bfloat16"])
+@pytest.mark.parametrize("rule,options", RULE_OPTIONS, ids=_ids)
+def test_low_precision_computes_in_float32_and_rounds_once(rule, options, dtype, sparse):
+    # Within ~1 ulp of the exact (float64) result; computing in half/bfloat16 is not.
+    rng = np.random.default_rng(26)
+    shape = (200, 24)
+    var, slots = harness.make_state(rule, shape, dtype, rng)
+    for t in range(1, 4):
+        hyper = harness.hyper_for(rule, dtype, t)
+        before = [var.copy()] + _copy(slots)
+        if sparse:
+            indices = rng.integers(0, shape[0], 300).astype(np.int64)
+            grad = harness.make_grad((300, 24), dtype, rng)
+            exp = npref.sparse_update(rule, var, slots, grad, indices, hyper, options)
+            _core.apply_sparse(rule, var, slots, grad, indices, hyper, options)
+        else:
+            grad = harness.make_grad(shape, dtype, rng)
+            exp = npref.dense_update(rule, var, slots, grad, hyper, options)
+            _core.apply_dense(rule, var, slots, grad, hyper, options)
+        for name, got, e, b in zip(["var"] + RULES[rule]["slots"], [var] + slots,
+                                   [exp[0]] + exp[1], before):
+            npref.assert_rounded_once(got, e, dtype, scale=b, err_msg="%s step %d" % (name, t))
+
+
+# --- threads ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["dense", "sparse_int32", "sparse_int64"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rule", RULE_NAMES)
+def test_num_threads_bit_identical(rule, dtype, kind):
+    rng = np.random.default_rng(22)
+    shape = (2003, 37)
+    var0, slots0 = harness.make_state(rule, shape, dtype, rng)
+    hyper = harness.hyper_for(rule, dtype, 3)
+    if kind == "dense":
+        grad = harness.make_grad(shape, dtype, rng)
+    else:
+        indices = rng.integers(0, shape[0] - 100, 6000).astype(
+            np.int32 if kind == "sparse_int32" else np.int64)
+        grad = harness.make_grad((6000, 37), dtype, rng)
+    results = []
+    for threads in (1, 4, 3):
+        var, slots = var0.copy(), _copy(slots0)
+        if kind == "dense":
+            _core.apply_dense(rule, var, slots, grad, hyper, {}, num_threads=threads)
+        else:
+            _core.apply_sparse(rule, var, slots, grad, indices, hyper, {},
+                               num_threads=threads)
+        results.append(_snapshot([var] + slots))
+    assert results[0] == results[1] == results[2]
+    assert results[0][0] != var0.tobytes()
+    if kind == "dense":
+        exp = npref.dense_update(rule, var0, slots0, grad, hyper)
+    else:
+        exp = npref.sparse_update(rule, var0, slots0, grad, indices, hyper)
+    npref.assert_close(var, exp[0], dtype)
+
+
+# --- sparse semantics ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=_ids)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rule", RULE_NAMES)
+def test_duplicates_equal_presummed(rule, dtype, index_dtype):
+    rng = np.random.default_rng(23)
+    var0, slots0 = harness.make_state(rule, (6, 5), dtype, rng)
+    indices = np.array([5, 0, 5, 2, 5, 0, 3], index_dtype)
+    grad = harness.make_grad((7, 5), dtype, rng)
+    hyper = harness.hyper_for(rule, dtype, 2)
+    g2, i2 = harness.presum(grad, indices)
+    a = [var0.copy()] + _copy(slots0)
+    b = [var0.copy()] + _copy(slots0)
+    _core.apply_sparse(rule, a[0], a[1:], grad, indices, hyper, {})
+    _core.apply_sparse(rule, b[0], b[1:], g2, i2, hyper, {})
+    for x, y in zip(a, b):
+        if dtype in ("float", "double"):
+            assert x.tobytes() == y.tobytes()
+        else:
+            npref.assert_close(x, y, dtype)
+    for x, before in zip(a, [var0] + slots0):
+        assert x[[1, 4]].tobytes() == before[[1, 4]].tobytes()
+
+
+@pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=_ids)
+@pytest.mark.parametrize("rule", RULE_NAMES)
+def test_empty_indices_and_empty_var(rule, index_dtype):
+    rng = np.random.default_rng(24)
+    var, slots = harness.make_state(rule, (5, 3), "float", rng)
+    before = _snapshot([var] + slots)
+    hyper = harness.hyper_for(rule, "float", 1)
+    _core.apply_sparse(rule, var, slots, np.zeros((0, 3), np.float32),
+                       np.zeros((0,), index_dtype), hyper, {}, num_threads=4)
+    assert _snapshot([var] + slots) == before
+    var, slots = harness.make_state(rule, (0, 3), "float", rng)
+    _core.apply_dense(rule, var, slots, np.zeros((0, 3), np.float32), hyper, {})
+    _core.apply_sparse(rule, var, slots, np.zeros((0, 3), np.float32),
+                       np.zeros((0,), index_dtype), hyper, {})
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(rows=st.integers(1, 12), inner=st.sampled_from([(), (1,), (3,), (2, 2)]),
+       indices=st.lists(st.integers(0, 11), max_size=20),
+       rule=st.sampled_from(RULE_NAMES), threads=st.sampled_from([1, 2, 4]),
+       seed=st.integers(0, 2**16))
+def test_sparse_property(rows, inner, indices, rule, threads, seed):
+    indices = np.array([i % rows for i in indices], np.int64)
+    rng = np.random.default_rng(seed)
+    var, slots = harness.make_state(rule, (rows,) + inner, "double", rng)
+    grad = harness.make_grad((len(indices),) + inner, "double", rng)
+    hyper = harness.hyper_for(rule, "double", 1 + seed % 5)
+    exp = npref.sparse_update(rule, var, slots, grad, indices, hyper)
+    _core.apply_sparse(rule, var, slots, grad, indices, hyper, {}, num_threads=threads)
+    for got, e in zip([var] + slots, [exp[0]] + exp[1]):
+        npref.assert_close(got, e, "double")
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+# The hyper-parameters of _core are a dict of numbers, so "not a scalar" has no analogue.
+CORE_CASES = [c for c in ec.CASES if not ec.problem(c).startswith("hyper_")]
+
+
+@pytest.mark.parametrize("case", CORE_CASES, ids=[c.id for c in CORE_CASES])
+def test_errors_raise_value_error_and_change_nothing(case):
+    var, slots = case.var.copy(), _copy(case.slots)
+    hyper = {k: float(v) for k, v in case.hyper.items()}
+    before = _snapshot([var] + slots)
+    with pytest.raises(ValueError, match=case.message):
+        if case.sparse:
+            _core.apply_sparse(case.rule, var, slots, case.grad, case.indices, hyper, {},
+                               num_threads=4)
+        else:
+            _core.apply_dense(case.rule, var, slots, case.grad, hyper, {}, num_threads=4)
+    assert _snapshot([var] + slots) == before
+
+
+def _lenient_bad_calls():
+    """Bad calls whose exact exception/message the spec leaves open (ValueError or
+    TypeError); what matters is that they are refused and change nothing."""
+    f32 = lambda *s: np.ones(s, np.float32)  # noqa: E731
+    h = harness.hyper_for("adagrad", "float", 1)
+    return {
+        "unknown_rule": ("dense", "sgd", [f32(3)], f32(3), h, {}),
+        "missing_hyper": ("dense", "adagrad", [f32(3)], f32(3), {"lr": 0.1}, {}),
+        "unknown_option": ("dense", "adagrad", [f32(3)], f32(3), h, {"bogus": True}),
+        "too_few_slots": ("dense", "lazy_adam", [f32(3)], f32(3),
+                          harness.hyper_for("lazy_adam", "float", 1), {}),
+        "slot_dtype": ("dense", "adagrad", [np.ones(3, np.float64)], f32(3), h, {}),
+        "grad_dtype": ("dense", "adagrad", [f32(3)], np.ones(3, np.float64), h, {}),
+        "noncontiguous_grad": ("dense", "adagrad", [f32(3)], f32(3, 2)[:, 0], h, {}),
+        "noncontiguous_slot": ("dense", "adagrad", [f32(3, 2)[:, 1]], f32(3), h, {}),
+        "int_var": ("dense_intvar", "adagrad", [np.ones(3, np.int32)],
+                    np.ones(3, np.int32), h, {}),
+        "float_indices": ("sparse", "adagrad", [f32(3)], f32(2), h, {}),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_lenient_bad_calls()))
+def test_bad_calls_refused_without_side_effects(name):
+    kind, rule, slots, grad, hyper, options = _lenient_bad_calls()[name]
+    var = np.ones(3, np.int32) if kind == "dense_intvar" else np.full(3, 2.0, np.float32)
+    before = _snapshot([var] + slots)
+    with pytest.raises((ValueError, TypeError)):
+        if kind == "sparse":
+            _core.apply_sparse(rule, var, slots, grad, np.array([0.0, 1.0]), hyper, options)
+        else:
+            _core.apply_dense(rule, var, slots, grad, hyper, options)
+    assert _snapshot([var] + slots) == before
+
+
+def test_noncontiguous_var_refused():
+    base = np.full((3, 2), 2.0, np.float32)
+    var = base[:, 0]
+    accum = np.ones(3, np.float32)
+    before = base.tobytes()
+    with pytest.raises((ValueError, TypeError)):
+        _core.apply_dense("adagrad", var, [accum], np.ones(3, np.float32),
+                          harness.hyper_for("adagrad", "float", 1), {})
+    assert base.tobytes() == before and not (accum != 1).any()
+
+
+# --- same kernels as the TF ops ----------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["dense", "sparse_int32", "sparse_int64"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rule,options", RULE_OPTIONS, ids=_ids)
+def test_bit_identical_to_tf_op(rule, options, dtype, kind):
+    tf = pytest.importorskip("tensorflow")
+    import fusedopt.ops as fops
+
+    rng = np.random.default_rng(25)
+    shape = (513, 9)
+    var0, slots0 = harness.make_state(rule, shape, dtype, rng)
+    vs = [tf.Variable(x) for x in [var0] + slots0]
+    var, slots = var0.copy(), _copy(slots0)
+    sparse = kind != "dense"
+    for t in range(1, 3):
+        hyper = harness.hyper_for(rule, dtype, t)
+        args = [vs[0]] + vs[1:] + [hyper[h] for h in RULES[rule]["hyper"]]
+        if sparse:
+            indices = rng.integers(0, shape[0], 700).astype(
+                np.int32 if kind == "sparse_int32" else np.int64)
+            grad = harness.make_grad((700, 9), dtype, rng)
+            getattr(fops, "resource_sparse_apply_" + rule)(*args, grad, indices, **options)
+            _core.apply_sparse(rule, var, slots, grad, indices, hyper, options, num_threads=2)
+        else:
+            grad = harness.make_grad(shape, dtype, rng)
+            getattr(fops, "resource_apply_" + rule)(*args, grad, **options)
+            _core.apply_dense(rule, var, slots, grad, hyper, options, num_threads=2)
+        for name, v, a in zip(["var"] + RULES[rule]["slots"], vs, [var] + slots):
+            assert v.numpy().tobytes() == a.tobytes(), "%s differs at step %d" % (name, t)

@@ -1,0 +1,319 @@
+"""fusedopt.keras (current Keras optimizer API: Keras 3 on TF >= 2.16, Keras 2.15 on TF 2.15).
+
+Each optimizer is run side by side with the Keras optimizer it replaces and must give the
+same numbers (dense); sparse gradients must update only touched rows (lazy) and match the
+NumPy reference; XLA-compiled steps must fall back to the composed form.
+"""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import numpy_reference as npref
+
+keras = tf.keras
+KERAS3 = int(getattr(keras, "__version__", "3").split(".")[0]) >= 3 if hasattr(
+    keras, "__version__") else True
+try:
+    import keras as _keras_pkg
+
+    KERAS3 = int(_keras_pkg.__version__.split(".")[0]) >= 3 and not os.environ.get(
+        "TF_USE_LEGACY_KERAS")
+except ImportError:  # pragma: no cover
+    pass
+
+import fusedopt.keras as fk  # noqa: E402
+
+PAIRS = {
+    "lazy_adam": (fk.LazyAdam, keras.optimizers.Adam),
+    "adamax": (fk.Adamax, keras.optimizers.Adamax),
+    "adagrad": (fk.Adagrad, keras.optimizers.Adagrad),
+}
+SLOT_ATTRS = {"lazy_adam": ("_momentums", "_velocities"), "adamax": ("_m", "_u"),
+              "adagrad": ("_accumulators",)}
+
+
+def _vars(seed, dtype="float32"):
+    rng = np.random.default_rng(seed)
+    return [tf.Variable(rng.uniform(-1, 1, (5, 3)).astype(dtype)),
+            tf.Variable(rng.uniform(-1, 1, (3,)).astype(dtype))]
+
+
+def _grads(rng, variables, scale=1.0):
+    return [tf.constant((scale * rng.normal(size=v.shape)).astype(v.dtype.as_numpy_dtype))
+            for v in variables]
+
+
+def _fused_op_types(fn, *args):
+    graph = tf.function(fn).get_concrete_function(*args).graph
+    types = set()
+    for op in graph.get_operations():
+        types.add(op.type)
+        for f in graph._functions.values():
+            types.update(o.type for o in f.graph.get_operations())
+    return {t for t in types if t.startswith("FusedOpt>")}
+
+
+# --- dense numbers vs Keras ------------------------------------------------------------
+
+CONFIGS = {
+    "plain": dict(learning_rate=0.05),
+    "clipnorm_ema": dict(learning_rate=0.05, clipnorm=0.5, use_ema=True, ema_momentum=0.9),
+    "globalclip_wd_ema_overwrite": dict(learning_rate=0.02, global_clipnorm=1.0,
+                                         weight_decay=0.01, use_ema=True,
+                                         ema_overwrite_frequency=3),
+    "clipvalue_schedule": dict(clipvalue=0.3),  # learning_rate: ExponentialDecay schedule
+}
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("rule", sorted(PAIRS))
+def test_dense_matches_keras(rule, config):
+    kwargs = dict(CONFIGS[config])
+    if config == "clipvalue_schedule":
+        kwargs["learning_rate"] = keras.optimizers.schedules.ExponentialDecay(0.1, 3, 0.5)
+    ours_cls, keras_cls = PAIRS[rule]
+    ours, ref = ours_cls(**kwargs), keras_cls(**kwargs)
+    v_ours, v_ref = _vars(1), _vars(1)
+    rng = np.random.default_rng(2)
+    step_ours = tf.function(lambda g: ours.apply_gradients(zip(g, v_ours)))
+    for step in range(12):
+        grads = _grads(rng, v_ours, scale=2.0)
+        if step < 6:  # eager, then tf.function
+            ours.apply_gradients(zip(grads, v_ours))
+        else:
+            step_ours(grads)
+        ref.apply_gradients(zip(grads, v_ref))
+        for a, b in zip(v_ours, v_ref):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-5, atol=2e-6,
+                                       err_msg="%s %s step %d" % (rule, config, step))
+    assert int(ours.iterations.numpy()) == int(ref.iterations.numpy()) == 12
+    assert len(ours.variables) == len(ref.variables)
+    for a, b in zip(ours.variables, ref.variables):
+        np.testing.assert_allclose(np.asarray(a.numpy(), np.float64),
+                                   np.asarray(b.numpy(), np.float64), rtol=2e-5, atol=2e-6)
+    if kwargs.get("use_ema"):
+        ours.finalize_variable_values(v_ours)
+        ref.finalize_variable_values(v_ref)
+        for a, b in zip(v_ours, v_ref):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+@pytest.mark.parametrize("rule", sorted(PAIRS))
+def test_dense_other_dtypes(rule, dtype):
+    ours_cls, keras_cls = PAIRS[rule]
+    ours, ref = ours_cls(learning_rate=0.05, epsilon=1e-3), keras_cls(learning_rate=0.05,
+                                                                       epsilon=1e-3)
+    v_ours, v_ref = _vars(3, dtype), _vars(3, dtype)
+    rng = np.random.default_rng(4)
+    for _ in range(8):
+        grads = _grads(rng, v_ours)
+        ours.apply_gradients(zip(grads, v_ours))
+        ref.apply_gradients(zip(grads, v_ref))
+    # Keras rounds some Python-float hyper-parameters to float32 even for float64
+    # variables (e.g. Keras 3's ops.multiply(beta_2, u)); the fused op does not.
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == "float64" else dict(rtol=2e-2, atol=5e-3)
+    for a, b in zip(v_ours, v_ref):
+        assert a.dtype == b.dtype == tf.as_dtype(dtype)
+        np.testing.assert_allclose(a.numpy().astype(np.float64), b.numpy().astype(np.float64),
+                                   **tol)
+
+
+@pytest.mark.parametrize("rule", sorted(PAIRS))
+def test_uses_fused_ops_and_xla_fallback(rule):
+    opt = PAIRS[rule][0](learning_rate=0.1)
+    variables = _vars(5)
+    emb = tf.Variable(np.ones((6, 2), np.float32))
+    opt.build(variables + [emb])
+    grads = _grads(np.random.default_rng(0), variables)
+    sparse = tf.IndexedSlices(tf.ones((3, 2)), tf.constant([0, 2, 2]), tf.constant([6, 2]))
+
+    def step(g0, g1):
+        opt.apply_gradients(zip([g0, g1, sparse], variables + [emb]))
+
+    name = {"lazy_adam": "LazyAdam", "adamax": "Adamax", "adagrad": "Adagrad"}[rule]
+    assert _fused_op_types(step, *grads) == {"FusedOpt>ResourceApply" + name,
+                                             "FusedOpt>ResourceSparseApply" + name}
+    jit = tf.function(step, jit_compile=True)
+    assert not {op.type for op in jit.get_concrete_function(*grads).graph.get_operations()
+                if op.type.startswith("FusedOpt>")}
+    before = [v.numpy() for v in variables]
+    jit(*grads)  # would fail if a custom op reached XLA
+    assert all(not np.array_equal(b, v.numpy()) for b, v in zip(before, variables))
+
+
+# --- sparse (lazy) updates ---------------------------------------------------------------
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("rule", sorted(PAIRS))
+def test_sparse_lazy_matches_reference(rule, jit):
+    opt = PAIRS[rule][0](learning_rate=0.1, epsilon=0.01)
+    rng = np.random.default_rng(7)
+    var = tf.Variable(rng.uniform(-1, 1, (8, 3)).astype(np.float32))
+    opt.build([var])
+    slots = [getattr(opt, a)[0] for a in SLOT_ATTRS[rule]]
+    fn = tf.function(lambda g, i: opt.apply_gradients([(tf.IndexedSlices(g, i, [8, 3]), var)]),
+                     jit_compile=jit)
+    for step in range(1, 6):
+        idx = rng.choice([0, 2, 3, 5, 6], size=6).astype(np.int32)
+        g = rng.normal(size=(6, 3)).astype(np.float32)
+        v0, s0 = var.numpy(), [np.asarray(s.numpy()) for s in slots]
+        hyper = {"lr": 0.1, "epsilon": 0.01}
+        if rule != "adagrad":
+            hyper.update(beta1=0.9, beta2=0.999, beta1_power=0.9 ** step,
+                         beta2_power=0.999 ** step)
+        opts = {"epsilon_inside_sqrt": True} if rule == "adagrad" else None
+        exp_v, exp_s = npref.sparse_update(rule, v0, s0, g, idx, hyper, opts)
+        fn(tf.constant(g), tf.constant(idx))
+        np.testing.assert_allclose(var.numpy(), exp_v, rtol=1e-5, atol=1e-6)
+        for s, e in zip(slots, exp_s):
+            np.testing.assert_allclose(np.asarray(s.numpy()), e, rtol=1e-5, atol=1e-6)
+        for untouched in (1, 4, 7):  # lazy: never-named rows keep their exact bits
+            assert var.numpy()[untouched].tobytes() == v0[untouched].tobytes()
+            for s, b in zip(slots, s0):
+                assert np.asarray(s.numpy())[untouched].tobytes() == b[untouched].tobytes()
+
+
+# --- model.fit, jit_compile --------------------------------------------------------------
+
+def _model(seed=0):
+    keras.utils.set_random_seed(seed)
+    inp = keras.Input((4,), dtype="int32")
+    x = keras.layers.Embedding(20, 6)(inp)
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.Dense(8, activation="tanh")(x)
+    out = keras.layers.Dense(1)(x)
+    return keras.Model(inp, out)
+
+
+def _data(n=64):
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 20, (n, 4)).astype(np.int32)
+    y = (x.sum(axis=1, keepdims=True) / 40.0 - 0.5).astype(np.float32)
+    return x, y
+
+
+@pytest.mark.parametrize("rule", sorted(PAIRS))
+def test_fit_jit_compile_matches_fused(rule):
+    x, y = _data()
+    weights = {}
+    for jit in (False, True):
+        model = _model()
+        model.compile(optimizer=PAIRS[rule][0](learning_rate=0.05), loss="mse",
+                      jit_compile=jit)
+        hist = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+        assert np.isfinite(hist.history["loss"]).all()
+        weights[jit] = model.get_weights()
+    assert hist.history["loss"][-1] < hist.history["loss"][0]
+    for a, b in zip(weights[False], weights[True]):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_fit_dense_model_matches_keras_adam():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(64, 5)).astype(np.float32)
+    y = x @ rng.normal(size=(5, 1)).astype(np.float32)
+    weights = []
+    for cls in (fk.LazyAdam, keras.optimizers.Adam):
+        keras.utils.set_random_seed(3)
+        model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(7, activation="relu"),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer=cls(learning_rate=0.01, clipnorm=1.0), loss="mse")
+        model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0)
+        weights.append(model.get_weights())
+    for a, b in zip(*weights):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+# --- serialization and checkpoints ---------------------------------------------------------
+
+@pytest.mark.parametrize("rule", sorted(PAIRS))
+def test_config_round_trip(rule):
+    cls = PAIRS[rule][0]
+    opt = cls(learning_rate=0.03, clipnorm=0.7, use_ema=True, epsilon=1e-4)
+    config = opt.get_config()
+    again = cls.from_config(config)
+    assert type(again) is cls and again.get_config() == config
+    ser = keras.optimizers.serialize(opt)
+    assert "fusedopt" in str(ser)
+    back = keras.optimizers.deserialize(ser)
+    assert type(back) is cls and back.get_config() == config
+    assert issubclass(cls, keras.optimizers.Optimizer)
+    assert issubclass(cls, PAIRS[rule][1])
+
+
+def test_model_save_load_keeps_optimizer_state(tmp_path):
+    x, y = _data()
+    model = _model()
+    model.compile(optimizer=fk.LazyAdam(learning_rate=0.02), loss="mse")
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert type(loaded.optimizer) is fk.LazyAdam
+    assert int(loaded.optimizer.iterations.numpy()) == 4
+    a_vars = [np.asarray(v.numpy()) for v in model.optimizer.variables]
+    b_vars = [np.asarray(v.numpy()) for v in loaded.optimizer.variables]
+    assert len(a_vars) == len(b_vars)
+    for a, b in zip(a_vars, b_vars):
+        np.testing.assert_array_equal(a, b)
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    loaded.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(model.get_weights(), loaded.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("source", ["fused", "keras_adam"])
+def test_checkpoint_round_trip_and_keras_adam_compat(tmp_path, source):
+    x, y = _data()
+    model = _model()
+    opt = fk.LazyAdam(0.02) if source == "fused" else keras.optimizers.Adam(0.02)
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    prefix = tf.train.Checkpoint(model=model, optimizer=opt).save(str(tmp_path / "ckpt"))
+
+    model2 = _model(seed=5)
+    opt2 = fk.LazyAdam(0.02)
+    opt2.build(model2.trainable_variables)
+    tf.train.Checkpoint(model=model2, optimizer=opt2).restore(prefix).assert_consumed()
+    assert int(opt2.iterations.numpy()) == 4
+    for a, b in zip(opt.variables, opt2.variables):
+        np.testing.assert_array_equal(np.asarray(a.numpy()), np.asarray(b.numpy()))
+    for a, b in zip(model.get_weights(), model2.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+# --- mixed precision -----------------------------------------------------------------------
+
+@pytest.fixture
+def policy():
+    def set_policy(name):
+        keras.mixed_precision.set_global_policy(name)
+    yield set_policy
+    keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize("name", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_fit_matches_keras(policy, name):
+    policy(name)
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(64, 5)).astype(np.float32)
+    y = x @ rng.normal(size=(5, 1)).astype(np.float32)
+    weights = []
+    for cls in (fk.LazyAdam, keras.optimizers.Adam):
+        keras.utils.set_random_seed(3)
+        model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(7, activation="relu"),
+                                  keras.layers.Dense(1, dtype="float32")])
+        opt = cls(learning_rate=0.01)
+        if name == "mixed_float16":
+            opt = keras.mixed_precision.LossScaleOptimizer(opt)
+        model.compile(optimizer=opt, loss="mse")
+        hist = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+        assert np.isfinite(hist.history["loss"]).all()
+        weights.append(model.get_weights())
+    assert weights[0][0].dtype == np.float32
+    for a, b in zip(*weights):
+        np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-3)

@@ -1,0 +1,223 @@
+"""fusedopt.reference (composed TF ops) vs the NumPy reference, and the NumPy reference
+itself vs TensorFlow's own training ops. Needs no custom-op library."""
+
+import itertools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import harness
+import numpy_reference as npref
+from fusedopt import reference
+
+RULE_NAMES = sorted(npref.RULES)
+OPTION_SETS = {
+    "lazy_adam": [{}, {"use_nesterov": True}],
+    "adamax": [{}],
+    "adagrad": [{}, {"update_slots": False}, {"epsilon_inside_sqrt": True},
+                {"update_slots": False, "epsilon_inside_sqrt": True}],
+}
+RULE_OPTIONS = [(r, o) for r in RULE_NAMES for o in OPTION_SETS[r]]
+
+
+def _ids(val):
+    if isinstance(val, dict):
+        return "-".join("%s=%s" % kv for kv in sorted(val.items())) or "defaults"
+    return None
+
+
+def update_fn(rule, options):
+    def fn(var, slots, grad, indices, hyper, mode):
+        if indices is None:
+            return reference.apply_dense(rule, var, slots, grad, **hyper, **options)
+        return reference.apply_sparse(rule, var, slots, grad, indices, **hyper, **options)
+    return fn
+
+
+def test_rules_table_matches_spec():
+    assert reference.RULES == npref.RULES
+
+
+@pytest.mark.parametrize("dtype", harness.DTYPES)
+@pytest.mark.parametrize("rule,options", RULE_OPTIONS, ids=_ids)
+def test_pure_rule_functions(rule, options, dtype):
+    rng = np.random.default_rng(1)
+    var, slots = harness.make_state(rule, (4, 5), dtype, rng)
+    grad = harness.make_grad((4, 5), dtype, rng)
+    hyper = harness.hyper_for(rule, dtype, 2)
+    tfd = harness.TF_DTYPES[dtype]
+    fn = getattr(reference, rule)
+    out = fn(tf.constant(var), *[tf.constant(s) for s in slots], tf.constant(grad),
+             **{k: tf.constant(v, tfd) for k, v in hyper.items()}, **options)
+    assert len(out) == 1 + len(slots)
+    exp_var, exp_slots = npref.dense_update(rule, var, slots, grad, hyper, options)
+    for got, exp in zip(out, [exp_var] + exp_slots):
+        assert got.dtype == tfd
+        npref.assert_close(got.numpy(), exp, dtype)
+    # Python-number hyper-parameters are cast to the var dtype as well.
+    out2 = fn(tf.constant(var), *[tf.constant(s) for s in slots], tf.constant(grad),
+              **hyper, **options)
+    for a, b in zip(out, out2):
+        assert a.numpy().tobytes() == b.numpy().tobytes()
+
+
+MODES = harness.MODES + ["jit"]
+
+
+@pytest.mark.parametrize("dtype", harness.DTYPES)
+@pytest.mark.parametrize("rule", RULE_NAMES)
+@pytest.mark.parametrize("mode", MODES)
+def test_apply_dense(mode, rule, dtype):
+    harness.check_steps(mode, rule, dtype, update_fn(rule, {}), sparse=False)
+
+
+# The index dtype is independent of the value dtype: int64 x 16-bit only under jit.
+SPARSE_CASES = [(mode, rule, dtype, index_dtype)
+                for mode in MODES for rule in RULE_NAMES for dtype in harness.DTYPES
+                for index_dtype in ("int32", "int64")
+                if not (index_dtype == "int64" and dtype in ("half", "bfloat16") and mode != "jit")]
+
+
+@pytest.mark.parametrize("mode,rule,dtype,index_dtype", SPARSE_CASES)
+def test_apply_sparse(mode, rule, dtype, index_dtype):
+    harness.check_steps(mode, rule, dtype, update_fn(rule, {}), sparse=True,
+                        index_dtype=harness.INDEX_DTYPES[index_dtype])
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("mode", ["eager", "jit", "graph_ref"])
+@pytest.mark.parametrize("rule,options", RULE_OPTIONS, ids=_ids)
+def test_options(rule, options, mode, sparse):
+    harness.check_steps(mode, rule, "double", update_fn(rule, options), sparse=sparse,
+                        options=options)
+
+
+@pytest.mark.parametrize("mode", ["eager", "jit"])
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("rule", RULE_NAMES)
+def test_rank3(rule, sparse, mode):
+    harness.check_steps(mode, rule, "float", update_fn(rule, {}), sparse=sparse,
+                        shape=(5, 2, 3), n_indices=6)
+
+
+@pytest.mark.parametrize("dtype", ["float", "double"])
+@pytest.mark.parametrize("rule", RULE_NAMES)
+def test_sparse_duplicates_equal_presummed(rule, dtype):
+    rng = np.random.default_rng(3)
+    var0, slots0 = harness.make_state(rule, (6, 4), dtype, rng)
+    indices = np.array([4, 1, 4, 4, 0, 1, 3], np.int32)
+    grad = harness.make_grad((7, 4), dtype, rng)
+    hyper = harness.hyper_for(rule, dtype, 1)
+    g2, i2 = harness.presum(grad, indices)
+    results = []
+    for g, i in [(grad, indices), (g2, i2)]:
+        vs = [tf.Variable(x) for x in [var0] + slots0]
+        reference.apply_sparse(rule, vs[0], vs[1:], g, i, **hyper)
+        results.append([v.numpy().tobytes() for v in vs])
+    assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("jit", [False, True])
+@pytest.mark.parametrize("rule", RULE_NAMES)
+def test_sparse_empty_indices_is_noop(rule, jit):
+    rng = np.random.default_rng(4)
+    var0, slots0 = harness.make_state(rule, (5, 3), "float", rng)
+    vs = [tf.Variable(x) for x in [var0] + slots0]
+    hyper = harness.hyper_for(rule, "float", 1)
+    f = tf.function(lambda g, i: reference.apply_sparse(rule, vs[0], vs[1:], g, i, **hyper),
+                    jit_compile=jit)
+    f(tf.zeros([0, 3]), tf.zeros([0], tf.int64))
+    for v, x in zip(vs, [var0] + slots0):
+        assert v.numpy().tobytes() == x.tobytes()
+
+
+def test_unknown_rule_and_arguments():
+    v = tf.Variable([1.0, 2.0])
+    with pytest.raises(ValueError, match="unknown rule"):
+        reference.apply_dense("sgd", v, [], [1.0, 1.0], lr=0.1)
+    with pytest.raises(TypeError, match="missing"):
+        reference.apply_dense("adagrad", v, [tf.Variable([1.0, 1.0])], [1.0, 1.0], lr=0.1)
+    with pytest.raises(ValueError, match="slots"):
+        reference.apply_dense("adagrad", v, [], [1.0, 1.0], lr=0.1, epsilon=0.0)
+
+
+# --- the NumPy oracle itself against TensorFlow's built-in training ops (float64) ------
+
+def _tf_raw_step(rule, variant, vs, grad, hyper, options, indices=None):
+    h = {k: tf.constant(v, tf.float64) for k, v in hyper.items()}
+    handles = [v.handle for v in vs]
+    if rule == "lazy_adam":
+        tf.raw_ops.ResourceApplyAdam(
+            var=handles[0], m=handles[1], v=handles[2], beta1_power=h["beta1_power"],
+            beta2_power=h["beta2_power"], lr=h["lr"], beta1=h["beta1"], beta2=h["beta2"],
+            epsilon=h["epsilon"], grad=grad, use_nesterov=options.get("use_nesterov", False))
+    elif rule == "adamax":
+        tf.raw_ops.ResourceApplyAdaMax(
+            var=handles[0], m=handles[1], v=handles[2], beta1_power=h["beta1_power"],
+            lr=h["lr"], beta1=h["beta1"], beta2=h["beta2"], epsilon=h["epsilon"], grad=grad)
+    elif variant == "v1":  # eps == 0
+        tf.raw_ops.ResourceApplyAdagrad(var=handles[0], accum=handles[1], lr=h["lr"],
+                                        grad=grad,
+                                        update_slots=options.get("update_slots", True))
+    elif indices is not None:
+        tf.raw_ops.ResourceSparseApplyAdagradV2(
+            var=handles[0], accum=handles[1], lr=h["lr"], epsilon=h["epsilon"], grad=grad,
+            indices=indices, update_slots=options.get("update_slots", True))
+    else:
+        tf.raw_ops.ResourceApplyAdagradV2(
+            var=handles[0], accum=handles[1], lr=h["lr"], epsilon=h["epsilon"], grad=grad,
+            update_slots=options.get("update_slots", True))
+
+
+@pytest.mark.parametrize("rule,variant,options,sparse", [
+    ("lazy_adam", "", {}, False),
+    ("lazy_adam", "", {"use_nesterov": True}, False),
+    ("adamax", "", {}, False),
+    ("adagrad", "v2", {}, False),
+    ("adagrad", "v2", {"update_slots": False}, False),
+    ("adagrad", "v1", {}, False),
+    ("adagrad", "v1", {"update_slots": False}, False),
+    ("adagrad", "v2", {}, True),
+])
+def test_numpy_reference_matches_tf_training_ops(rule, variant, options, sparse):
+    rng = np.random.default_rng(5)
+    var, slots = harness.make_state(rule, (6, 3), "double", rng)
+    vs = [tf.Variable(x) for x in [var] + slots]
+    for t in range(1, 4):
+        hyper = harness.hyper_for(rule, "double", t)
+        if variant == "v1":
+            hyper["epsilon"] = 0.0
+        if sparse:
+            indices = rng.choice(6, 4, replace=False).astype(np.int64)
+            grad = harness.make_grad((4, 3), "double", rng)
+            var, slots = npref.sparse_update(rule, var, slots, grad, indices, hyper, options)
+        else:
+            indices = None
+            grad = harness.make_grad((6, 3), "double", rng)
+            var, slots = npref.dense_update(rule, var, slots, grad, hyper, options)
+        _tf_raw_step(rule, variant, vs, grad, {k: v for k, v in hyper.items()
+                                               if variant != "v1" or k != "epsilon"},
+                     options, indices)
+        for v, exp in zip(vs, [var] + slots):
+            npref.assert_close(v.numpy(), exp, "double", "step %d" % t)
+
+
+def test_numpy_reference_sparse_semantics():
+    var = np.arange(12.0).reshape(4, 3)
+    accum = np.ones((4, 3))
+    grad = np.array([[1.0] * 3, [2.0] * 3, [4.0] * 3])
+    new_var, (new_accum,) = npref.sparse_update(
+        "adagrad", var, [accum], grad, np.array([2, 0, 2]), {"lr": 1.0, "epsilon": 0.0})
+    np.testing.assert_array_equal(new_var[[1, 3]], var[[1, 3]])
+    np.testing.assert_allclose(new_accum[2], 1 + 25.0)
+    np.testing.assert_allclose(new_var[2], var[2] - 5.0 / np.sqrt(26.0))
+    np.testing.assert_allclose(new_var[0], var[0] - 2.0 / np.sqrt(5.0))
+    with pytest.raises(ValueError, match=r"indices\[1\] = 4 is not in \[0, 4\)"):
+        npref.sparse_update("adagrad", var, [accum], grad, np.array([0, 4, -1]),
+                            {"lr": 1.0, "epsilon": 0.0})
+    for dtype in harness.DTYPES:
+        tol = npref.tolerance(dtype)
+        assert 0 < tol["rtol"] < 0.05 and 0 < tol["atol"] < 0.01
+    assert list(itertools.chain(*[npref.RULES[r]["slots"] for r in RULE_NAMES])) == [
+        "accum", "m", "v", "m", "v"]
