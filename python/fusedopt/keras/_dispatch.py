@@ -42,6 +42,28 @@ def unwrap(variable):
     return variable
 
 
+def _composed_sparse(rule, variable, slots, values, indices, hyper, options):
+    """Lazy sparse update in composed ops without tf.unique/scatter.
+
+    Duplicate indices are summed into a var-shaped gradient; the rule runs on every row
+    and only the touched rows take the new values (untouched rows keep their bits). Not
+    ``fusedopt.reference.apply_sparse``: under XLA, ``tf.unique`` of indices that are
+    themselves dynamically shaped (Keras 2.15 deduplicates sparse gradients with
+    ``tf.unique`` first) returns padded garbage, and the scatter then undoes updates.
+    """
+    rows = tf.shape(variable)[0]
+    compute = tf.float32 if values.dtype in (tf.float16, tf.bfloat16) else values.dtype
+    indices = tf.reshape(indices, [-1])
+    grad = tf.math.unsorted_segment_sum(tf.cast(values, compute), indices, rows)
+    touched = tf.math.unsorted_segment_max(tf.ones_like(indices, tf.int32), indices, rows) > 0
+    touched = tf.reshape(touched, tf.concat([[rows], tf.ones([tf.rank(variable) - 1],
+                                                             tf.int32)], 0))
+    old = [variable.value()] + [s.value() for s in slots]
+    new = getattr(reference, rule)(old[0], *old[1:], grad, **hyper, **options)
+    for target, before, after in zip([variable] + slots, old, new):
+        target.assign(tf.where(touched, after, before), read_value=False)
+
+
 def apply(rule, variable, slots, grad, hyper, options=None, composed=False):
     """One update of ``variable`` and ``slots`` (in the rule's slot order).
 
@@ -56,8 +78,8 @@ def apply(rule, variable, slots, grad, hyper, options=None, composed=False):
     if isinstance(grad, tf.IndexedSlices):
         values = tf.cast(grad.values, dtype)
         if composed:
-            return reference.apply_sparse(rule, variable, slots, values, grad.indices,
-                                          **hyper, **options)
+            return _composed_sparse(rule, variable, slots, values, grad.indices, hyper,
+                                    options)
         return _op(rule, True)(variable, *slots, grad=values, indices=grad.indices,
                                **hyper, **options)
     grad = tf.cast(grad, dtype)
