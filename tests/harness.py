@@ -17,6 +17,24 @@ TF_DTYPES = {"half": tf.float16, "bfloat16": tf.bfloat16, "float": tf.float32,
              "double": tf.float64}
 INDEX_DTYPES = {"int32": np.int32, "int64": np.int64}
 
+# Option combinations worth testing per rule (defaults first).
+OPTION_SETS = {
+    "lazy_adam": [{}, {"use_nesterov": True}],
+    "adamax": [{}],
+    "adagrad": [{}, {"update_slots": False}, {"epsilon_inside_sqrt": True},
+                {"update_slots": False, "epsilon_inside_sqrt": True}],
+}
+RULE_OPTIONS = [(r, o) for r in sorted(RULES) for o in OPTION_SETS[r]]
+
+
+def param_ids(val):
+    """pytest ids for option dicts and dtypes."""
+    if isinstance(val, dict):
+        return "-".join("%s=%s" % kv for kv in sorted(val.items())) or "defaults"
+    if isinstance(val, type):
+        return val.__name__
+    return None
+
 # eager/function/jit: resource variables; graph_resource/graph_ref: tf.compat.v1 graph
 # + Session with resource / ref variables.
 MODES = ["graph_ref", "eager", "function", "graph_resource"]

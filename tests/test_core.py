@@ -15,21 +15,9 @@ RULES = npref.RULES
 RULE_NAMES = sorted(RULES)
 DTYPES = ["half", "bfloat16", "float", "double"]
 INDEX_DTYPES = [np.int32, np.int64]
-OPTION_SETS = {
-    "lazy_adam": [{}, {"use_nesterov": True}],
-    "adamax": [{}],
-    "adagrad": [{}, {"update_slots": False}, {"epsilon_inside_sqrt": True},
-                {"update_slots": False, "epsilon_inside_sqrt": True}],
-}
-RULE_OPTIONS = [(r, o) for r in RULE_NAMES for o in OPTION_SETS[r]]
-
-
-def _ids(val):
-    if isinstance(val, dict):
-        return "-".join("%s=%s" % kv for kv in sorted(val.items())) or "defaults"
-    if isinstance(val, type):
-        return val.__name__
-    return None
+OPTION_SETS = harness.OPTION_SETS
+RULE_OPTIONS = harness.RULE_OPTIONS
+_ids = harness.param_ids
 
 
 def test_rules():

@@ -12,19 +12,8 @@ import numpy_reference as npref
 from fusedopt import reference
 
 RULE_NAMES = sorted(npref.RULES)
-OPTION_SETS = {
-    "lazy_adam": [{}, {"use_nesterov": True}],
-    "adamax": [{}],
-    "adagrad": [{}, {"update_slots": False}, {"epsilon_inside_sqrt": True},
-                {"update_slots": False, "epsilon_inside_sqrt": True}],
-}
-RULE_OPTIONS = [(r, o) for r in RULE_NAMES for o in OPTION_SETS[r]]
-
-
-def _ids(val):
-    if isinstance(val, dict):
-        return "-".join("%s=%s" % kv for kv in sorted(val.items())) or "defaults"
-    return None
+RULE_OPTIONS = harness.RULE_OPTIONS
+_ids = harness.param_ids
 
 
 def update_fn(rule, options):

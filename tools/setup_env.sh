@@ -3,7 +3,7 @@
 # Creates (or reuses) a virtual environment with the pinned TensorFlow and the test tools,
 # and prints its python. Default VENV_DIR: .venv-tf221 / .venv-tf215 in the repo root.
 set -euo pipefail
-version=${1:?usage: tools/setup_env.sh {2.21|2.15} [VENV_DIR]}
+version=${1:?"usage: tools/setup_env.sh 2.21|2.15 [VENV_DIR]"}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${2:-$root/.venv-tf${version/./}}
 base=${FUSEDOPT_BASE_PYTHON:-python3.11}
