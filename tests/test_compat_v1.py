@@ -43,6 +43,11 @@ def np_dtype(name):
     return DTYPES[name].as_numpy_dtype
 
 
+def is_resource(variable):
+    return isinstance(variable, tf.Variable) and variable.dtype != tf.resource and hasattr(
+        variable, "handle") and variable.handle.dtype == tf.resource
+
+
 def make_problem(dtype, sparse, index_dtype=np.int32, seed=0, n_vars=2):
     """(initial values, grads per step): sparse grads are (values, indices) with repeats."""
     rng = np.random.default_rng(seed)
@@ -66,18 +71,18 @@ def make_problem(dtype, sparse, index_dtype=np.int32, seed=0, n_vars=2):
 class Trainer:
     """Variables + one optimizer in `mode`; applies the given grads step by step."""
 
-    def __init__(self, mode, make_opt, var0s, names=None, opt=None):
+    def __init__(self, mode, make_opt, var0s, names=None):
         self.mode = mode
         names = names or ["var%d" % i for i in range(len(var0s))]
         if mode == "eager":
             self.vars = [tf.Variable(v, name=n) for v, n in zip(var0s, names)]
-            self.opt = opt or make_opt()
+            self.opt = make_opt()
             return
         self.graph = tf.Graph()
         with self.graph.as_default():
             self.vars = [tf.compat.v1.Variable(v, name=n, use_resource=(mode == "graph_resource"))
                          for v, n in zip(var0s, names)]
-            self.opt = opt or make_opt()
+            self.opt = make_opt()
             self.sess = tf.compat.v1.Session(graph=self.graph)
         self._train = {}
 
@@ -92,7 +97,7 @@ class Trainer:
                         vals = tf.compat.v1.placeholder(v.dtype.base_dtype)
                         idx = tf.compat.v1.placeholder(tf.as_dtype(g[1].dtype))
                         feeds.append((vals, idx))
-                        tf_grads.append(tf.IndexedSlices(vals, idx, tf.constant(SHAPE)))
+                        tf_grads.append(tf.IndexedSlices(vals, idx, tf.shape(v)))
                     else:
                         ph = tf.compat.v1.placeholder(v.dtype.base_dtype)
                         feeds.append(ph)
@@ -104,8 +109,9 @@ class Trainer:
 
     def step(self, grads):
         if self.mode == "eager":
-            tf_grads = [tf.IndexedSlices(tf.constant(g[0]), tf.constant(g[1]), tf.constant(SHAPE))
-                        if isinstance(g, tuple) else tf.constant(g) for g in grads]
+            tf_grads = [tf.IndexedSlices(tf.constant(g[0]), tf.constant(g[1]), tf.shape(v))
+                        if isinstance(g, tuple) else tf.constant(g)
+                        for g, v in zip(grads, self.vars)]
             self.opt.apply_gradients(list(zip(tf_grads, self.vars)))
             return
         op, feeds = self._graph_train(grads)
@@ -221,7 +227,8 @@ class NumbersTest(tf.test.TestCase, parameterized.TestCase):
 
     @parameterized.product(mode=MODES, dtype=sorted(DTYPES), sparse=(False, True))
     def test_adagrad_equals_tf_adagrad(self, mode, dtype, sparse):
-        var0s, steps = make_problem(dtype, sparse=sparse)
+        index_dtype = np.int64 if mode == "graph_resource" else np.int32
+        var0s, steps = make_problem(dtype, sparse=sparse, index_dtype=index_dtype)
         h = HYPER["adagrad"]
         ours, types = run(mode, lambda: fv1.AdagradOptimizer(**h), var0s, steps, "adagrad")
         theirs, _ = run(mode, lambda: tf.compat.v1.train.AdagradOptimizer(**h), var0s, steps,
@@ -307,18 +314,138 @@ class NumbersTest(tf.test.TestCase, parameterized.TestCase):
             var0 = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], np.float64)
             rep = [(np.array([[0.1, 0.2], [0.3, -0.1], [0.5, 0.5]]), np.array([1, 2, 1]))]
             agg = [(np.array([[0.6, 0.7], [0.3, -0.1]]), np.array([1, 2]))]
-            global SHAPE
-            saved, SHAPE = SHAPE, (3, 2)
-            try:
-                make = lambda: OURS[rule](**HYPER[rule])  # noqa: E731
-                a, _ = run(mode, make, [var0], [rep, rep], rule)
-                b, _ = run(mode, make, [var0], [agg, agg], rule)
-            finally:
-                SHAPE = saved
+            make = lambda: OURS[rule](**HYPER[rule])  # noqa: E731
+            a, _ = run(mode, make, [var0], [rep, rep], rule)
+            b, _ = run(mode, make, [var0], [agg, agg], rule)
             for key in a[-1]:
                 self.assertAllClose(a[-1][key], b[-1][key], rtol=1e-14, atol=1e-15, msg=key)
             self.assertAllEqual(a[-1]["var0"][0], var0[0])
             self.assertNotAllClose(a[-1]["var0"][1], var0[1])
+
+
+class KnownValuesTest(tf.test.TestCase, parameterized.TestCase):
+    """Literal expectations from TF's adagrad_test.py / adam_test.py (independent of both
+    TF's kernels and our NumPy reference)."""
+
+    @parameterized.product(use_resource=(False, True), dtype=sorted(DTYPES))
+    def test_adagrad_sparse_basic(self, use_resource, dtype):
+        dt = DTYPES[dtype]
+        with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+            var0 = tf.compat.v1.Variable([[1.0], [2.0]], dtype=dt, use_resource=use_resource)
+            var1 = tf.compat.v1.Variable([[3.0], [4.0]], dtype=dt, use_resource=use_resource)
+            grads0 = tf.IndexedSlices(tf.constant([0.1], shape=[1, 1], dtype=dt),
+                                      tf.constant([0]), tf.constant([2, 1]))
+            grads1 = tf.IndexedSlices(tf.constant([0.01], shape=[1, 1], dtype=dt),
+                                      tf.constant([1]), tf.constant([2, 1]))
+            update = fv1.AdagradOptimizer(3.0, initial_accumulator_value=0.1).apply_gradients(
+                zip([grads0, grads1], [var0, var1]))
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for _ in range(3):
+                sess.run(update)
+            self.assertAllCloseAccordingToType([[-1.6026098728179932], [2.0]], sess.run(var0))
+            self.assertAllCloseAccordingToType([[3.0], [3.715679168701172]], sess.run(var1))
+
+    @parameterized.parameters(*sorted(DTYPES))
+    def test_adagrad_sparse_stability(self, dtype):
+        dt = DTYPES[dtype]
+        with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+            shape = [1, 6]
+            var0 = tf.compat.v1.Variable(
+                [[0.00872496, -0.106952, 0.110467, 0.226505, -0.0147257, -0.0105945]],
+                dtype=dt, use_resource=False)
+            grads0 = tf.IndexedSlices(
+                tf.constant([[-5.91278e-05, 5.31673e-05, -2.5779e-06, 4.29153e-05,
+                              -8.4877e-05, -9.48906e-05]], shape=shape, dtype=dt),
+                tf.constant([0]), tf.constant(shape))
+            opt = fv1.AdagradOptimizer(1.0, initial_accumulator_value=0.1)
+            update = opt.apply_gradients(zip([grads0], [var0]))
+            self.assertEqual(["accumulator"], opt.get_slot_names())
+            slot0 = opt.get_slot(var0, "accumulator")
+            init = tf.compat.v1.global_variables_initializer()
+            for _ in range(5):
+                sess.run(init)
+                sess.run(update)
+                self.assertAllCloseAccordingToType(np.full([1, 6], 0.1), sess.run(slot0))
+                self.assertAllCloseAccordingToType(
+                    [[0.00891194, -0.10712013, 0.11047515, 0.22636929, -0.0144573,
+                      -0.01029443]], sess.run(var0))
+
+    @parameterized.product(use_resource=(False, True), dtype=sorted(DTYPES))
+    def test_adagrad_sharing(self, use_resource, dtype):
+        dt = DTYPES[dtype]
+        with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+            var0 = tf.compat.v1.Variable([1.0, 2.0], dtype=dt, use_resource=use_resource)
+            var1 = tf.compat.v1.Variable([3.0, 4.0], dtype=dt, use_resource=use_resource)
+            grads = [tf.constant([0.1, 0.1], dtype=dt), tf.constant([0.01, 0.01], dtype=dt)]
+            opt = fv1.AdagradOptimizer(3.0)
+            up1 = opt.apply_gradients(zip(grads, [var0, var1]))
+            up2 = opt.apply_gradients(zip(grads, [var0, var1]))
+            self.assertEqual(opt.get_slot(var0, "accumulator").get_shape(), var0.get_shape())
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(up1)
+            sess.run(up2)
+            sess.run(up1)
+            self.assertAllCloseAccordingToType([-1.6026098728179932, -0.6026098728179932],
+                                               sess.run(var0))
+            self.assertAllCloseAccordingToType([2.715679168701172, 3.715679168701172],
+                                               sess.run(var1))
+
+    def test_adagrad_dynamic_shape_variable(self):
+        """A variable of unknown static shape: accumulator initialized at run time."""
+        with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+            var0 = tf.compat.v1.get_variable("var0", initializer=tf.constant([1.0, 2.0]),
+                                             validate_shape=False, use_resource=False)
+            self.assertFalse(var0.shape.is_fully_defined())
+            opt = fv1.AdagradOptimizer(lambda: 3.0, initial_accumulator_value=0.1,
+                                       use_locking=True)
+            update = opt.apply_gradients([(tf.constant([0.1, 0.1]), var0)])
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for _ in range(3):
+                sess.run(update)
+            self.assertAllClose([-1.6026098728179932, -0.6026098728179932], sess.run(var0))
+            self.assertAllClose([0.13, 0.13], sess.run(opt.get_slot(var0, "accumulator")))
+
+    @parameterized.product(mode=MODES, dtype=sorted(DTYPES), callable_params=(False, True))
+    def test_adam_basic(self, mode, dtype, callable_params):
+        """adam_test.doTestBasic: default hyper-parameters, adam_update_numpy expectations."""
+        dt = DTYPES[dtype]
+        lr = (lambda: 0.001) if callable_params else 0.001
+        var0_np = np.array([1.0, 2.0], dt.as_numpy_dtype)
+        var1_np = np.array([3.0, 4.0], dt.as_numpy_dtype)
+        g = [np.array([0.1, 0.1], dt.as_numpy_dtype), np.array([0.01, 0.01], dt.as_numpy_dtype)]
+        t = Trainer(mode, lambda: fv1.LazyAdamOptimizer(learning_rate=lr), [var0_np, var1_np])
+        try:
+            m = [0.0, 0.0]
+            v = [0.0, 0.0]
+            expect = [var0_np.astype(np.float64), var1_np.astype(np.float64)]
+            for step in range(1, 4):
+                t.step(g)
+                state = t.state("lazy_adam")
+                self.assertAllCloseAccordingToType(0.9 ** (step + 1), state["beta1_power"])
+                self.assertAllCloseAccordingToType(0.999 ** (step + 1), state["beta2_power"])
+                for i in range(2):
+                    alpha = 0.001 * np.sqrt(1 - 0.999 ** step) / (1 - 0.9 ** step)
+                    m[i] = 0.9 * m[i] + 0.1 * g[i]
+                    v[i] = 0.999 * v[i] + 0.001 * g[i] * g[i]
+                    expect[i] = expect[i] - alpha * m[i] / (np.sqrt(v[i]) + 1e-8)
+                    self.assertAllCloseAccordingToType(expect[i], state["var%d" % i])
+            powers = t.opt._get_beta_accumulators() if mode == "eager" else None
+            if mode != "eager":
+                with t.graph.as_default():
+                    powers = t.opt._get_beta_accumulators()
+                    opt_vars = t.opt.variables()
+                with tf.Graph().as_default():
+                    self.assertEqual(0, len(t.opt.variables()))  # none from other graphs
+            else:
+                opt_vars = t.opt.variables()
+            for p in powers:
+                self.assertTrue(any(p is x for x in opt_vars))
+                # non-slot variables have the kind of the variables they serve
+                self.assertEqual(mode != "graph_ref", is_resource(p))
+            self.assertEqual(t.opt.get_slot(t.vars[0], "m").name, "var0/Adam:0")
+            self.assertEqual(t.opt.get_slot(t.vars[0], "v").name, "var0/Adam_1:0")
+        finally:
+            t.close()
 
 
 class HyperParameterTest(tf.test.TestCase, parameterized.TestCase):
@@ -347,8 +474,8 @@ class HyperParameterTest(tf.test.TestCase, parameterized.TestCase):
         opt = fv1.AdagradOptimizer(lambda: next(rates))
         opt.apply_gradients([(tf.constant([0.5, 0.5]), var)])
         after_first = var.numpy()
-        self.assertAllClose(after_first, [1.0 - 0.1 * 0.5 / np.sqrt(0.35)] * 1 +
-                            [2.0 - 0.1 * 0.5 / np.sqrt(0.35)])
+        # accumulator 0.1 + 0.5**2 = 0.35
+        self.assertAllClose(after_first, np.array([1.0, 2.0]) - 0.1 * 0.5 / np.sqrt(0.35))
         opt.apply_gradients([(tf.constant([0.5, 0.5]), var)])
         self.assertAllEqual(var.numpy(), after_first)  # lr 0 now
 
@@ -473,6 +600,39 @@ class ApiTest(tf.test.TestCase, parameterized.TestCase):
         self.assertLess(loss().numpy(), before)
         self.assertAllEqual(emb.numpy()[[0, 2, 4]], np.ones([3, 2]))
 
+    @parameterized.parameters("lazy_adam", "adamax", "adagrad")
+    def test_tf_function_equals_eager(self, rule):
+        results = []
+        for wrap in (lambda f: f, tf.function):
+            w = tf.Variable([1.0, -2.0])
+            emb = tf.Variable(np.ones([4, 2], np.float32))
+            opt = OURS[rule](**HYPER[rule])
+
+            def loss():
+                return tf.reduce_sum(w * w) + tf.reduce_sum(tf.gather(emb, [2, 0, 2]) ** 2)
+
+            def train():
+                opt.minimize(loss)
+
+            step = wrap(train)
+            for _ in range(3):
+                step()
+            results.append([w.numpy(), emb.numpy()] + [v.numpy() for v in opt.variables()])
+        self.assertEqual(len(results[0]), len(results[1]))
+        for a, b in zip(*results):
+            self.assertAllEqual(a, b)
+        self.assertAllEqual(results[1][1][[1, 3]], np.ones([2, 2]))
+
+    def test_use_locking_reaches_the_ops(self):
+        with tf.Graph().as_default() as g:
+            var = tf.compat.v1.Variable([1.0, 2.0], use_resource=False)
+            for cls in (fv1.LazyAdamOptimizer, fv1.AdamaxOptimizer):
+                cls(use_locking=True).minimize(tf.reduce_sum(var * var))
+            fv1.AdagradOptimizer(0.1, use_locking=True).minimize(tf.reduce_sum(var * var))
+            fused = [op for op in g.get_operations() if op.type.startswith("FusedOpt>")]
+            self.assertLen(fused, 3)
+            self.assertTrue(all(op.get_attr("use_locking") for op in fused))
+
     @parameterized.parameters(("lazy_adam", 6), ("adamax", 5), ("adagrad", 2))
     def test_slots_unique_eager(self, rule, count):
         v1 = tf.Variable(1.0)
@@ -484,11 +644,11 @@ class ApiTest(tf.test.TestCase, parameterized.TestCase):
         opt.minimize(lambda: v1 + v2)
         self.assertLen({id(v) for v in opt.variables()}, count)
 
-    @parameterized.parameters("graph_ref", "graph_resource")
-    def test_sharing_one_optimizer(self, mode):
+    @parameterized.product(mode=("graph_ref", "graph_resource"), dtype=sorted(DTYPES))
+    def test_sharing_one_optimizer(self, mode, dtype):
         """One optimizer, two apply_gradients ops run alternately (adam_test.testSharing)."""
         for rule in ("lazy_adam", "adagrad"):
-            var0s, steps = make_problem("float", sparse=False)
+            var0s, steps = make_problem(dtype, sparse=False)
             results = []
             for cls in (OURS[rule], TFS[rule]):
                 t = Trainer(mode, lambda: cls(**HYPER[rule]), var0s)
@@ -504,9 +664,7 @@ class ApiTest(tf.test.TestCase, parameterized.TestCase):
                 t.close()
             if rule == "lazy_adam":
                 self.assertAllClose(results[0]["beta1_power"], 0.9 ** 5)
-            for key in results[1]:
-                self.assertAllClose(results[0][key], results[1][key], rtol=2e-6, atol=1e-6,
-                                    msg=key)
+            assert_states_close(self, results[:1], results[1:], dtype, rule)
 
     def test_two_sessions_one_graph(self):
         """Each session has its own variable values; the ops are shared."""
@@ -619,3 +777,18 @@ class CheckpointTest(tf.test.TestCase, parameterized.TestCase):
 
 if __name__ == "__main__":
     tf.test.main()
+
+
+@parameterized.parameters("ref", "resource")
+class DemoTest(tf.test.TestCase, parameterized.TestCase):
+    """`python -m fusedopt.demo --tf1 ref|resource`: the TF1-style graph-mode demo."""
+
+    def test_demo_tf1(self, variables):
+        from fusedopt import demo
+
+        results = demo.main(["--quick", "--tf1", variables])
+        (ours, first, final, _), (base, base_first, base_final, _) = results
+        self.assertEqual((ours, base), ("fusedopt v1 LazyAdam", "tf.compat.v1 Adam"))
+        self.assertEqual(first, base_first)  # same initial values and data
+        self.assertLess(final, first - 0.005)
+        self.assertLess(abs(final - base_final), 0.02)

@@ -11,7 +11,8 @@ command -v "$base" >/dev/null || base=python3
 
 common=(pybind11==3.1.0 pytest==9.2.0 hypothesis==6.170.17 setuptools==65.5.0 wheel==0.48.0)
 case $version in
-  2.21) packages=(tensorflow-cpu==2.21.0 "${common[@]}") ;;
+  # torch (CPU build, from the machine's local wheel) and matplotlib: benchmark peers and plot.
+  2.21) packages=(tensorflow-cpu==2.21.0 torch==2.13.0 matplotlib==3.11.2 "${common[@]}") ;;
   2.15) packages=(tensorflow-cpu==2.15.1 tensorflow-estimator==2.15.0 "${common[@]}") ;;
   *) echo "unsupported TensorFlow version $version (2.21 or 2.15)" >&2; exit 2 ;;
 esac

@@ -31,8 +31,10 @@ def _major_minor(version):
 
 
 def _mismatch_error(path, built, running, detail=""):
+    built_for = (f"TensorFlow {built}" if built else
+                 "another TensorFlow (unknown version: no _build_info.json beside it)")
     return ImportError(
-        f"fusedopt's op library {path} was built for TensorFlow {built or '(unknown version)'} "
+        f"fusedopt's op library {path} was built for {built_for} "
         f"but TensorFlow {running} is running. A custom-op library only loads in the TensorFlow "
         f"it was compiled against; rebuild it in this environment with:\n    {REBUILD_COMMAND}"
         + (f"\n(loader said: {detail})" if detail else ""))

@@ -7,6 +7,10 @@ ln 2. The same model is trained twice from the same initial values: with fusedop
 fused LazyAdam (sparse update of the looked-up rows, dense update of the small layer)
 and with plain TensorFlow's Adam (``tf.keras.optimizers.Adam``), and the loss and the
 step time are printed side by side.
+
+``--tf1 resource`` / ``--tf1 ref`` runs the TF1-style variant instead: the model in a
+``tf.compat.v1`` graph with resource or ref variables, trained with ``session.run`` by
+``fusedopt.compat.v1.LazyAdamOptimizer`` and by ``tf.compat.v1.train.AdamOptimizer``.
 """
 import argparse
 import math
@@ -27,6 +31,10 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-baseline", action="store_true", help="skip plain TF's Adam")
     p.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    p.add_argument("--tf1", choices=["resource", "ref"],
+                   help="TF1-style graph mode (tf.compat.v1 Session) with resource or ref "
+                        "variables: fusedopt.compat.v1.LazyAdamOptimizer vs "
+                        "tf.compat.v1.train.AdamOptimizer")
     args = p.parse_args(argv)
     if args.quick:
         args.rows, args.batch, args.steps = 10_000, 256, 30
@@ -51,12 +59,19 @@ class SyntheticClicks:
         return ids, labels
 
 
-def build_model(tf, rows, dim, seed):
+MODEL_VARIABLES = ("table", "dense", "bias")
+
+
+def initial_values(rows, dim, seed):
     init = np.random.default_rng(seed + 1)
-    table = tf.Variable(init.normal(0, 0.05, (rows, dim)).astype(np.float32), name="table")
-    dense = tf.Variable(init.normal(0, 0.05, (dim, 1)).astype(np.float32), name="dense")
-    bias = tf.Variable(np.zeros([1], np.float32), name="bias")
-    return [table, dense, bias]
+    return [init.normal(0, 0.05, (rows, dim)).astype(np.float32),
+            init.normal(0, 0.05, (dim, 1)).astype(np.float32),
+            np.zeros([1], np.float32)]
+
+
+def build_model(tf, rows, dim, seed):
+    return [tf.Variable(value, name=name)
+            for value, name in zip(initial_values(rows, dim, seed), MODEL_VARIABLES)]
 
 
 def loss_fn(tf, variables, ids, labels):
@@ -106,6 +121,46 @@ def keras_adam_step(tf, variables, lr):
     return step
 
 
+class GraphModel:
+    """The TF1-style variant: the model in a tf.compat.v1 graph, trained by session.run.
+
+    `make_optimizer(lr)` returns a tf.compat.v1.train.Optimizer; `use_resource` picks
+    resource or ref variables. `loss(ids, labels)` evaluates, `step(ids, labels)` trains
+    one step and returns the loss before the update (as the eager steps do).
+    """
+
+    def __init__(self, tf, values, make_optimizer, lr, use_resource):
+        self.graph = tf.Graph()
+        with self.graph.as_default():
+            self.ids = tf.compat.v1.placeholder(tf.int64, [None, None], name="ids")
+            self.labels = tf.compat.v1.placeholder(tf.float32, [None], name="labels")
+            # Initial values are fed, not embedded in the graph (the table can be large).
+            inits = [tf.compat.v1.placeholder(tf.float32, v.shape) for v in values]
+            variables = [tf.compat.v1.Variable(init, name=name, use_resource=use_resource)
+                         for init, name in zip(inits, MODEL_VARIABLES)]
+            self.loss_t = loss_fn(tf, variables, self.ids, self.labels)
+            self.train_op = make_optimizer(lr).minimize(self.loss_t)
+            self.sess = tf.compat.v1.Session(graph=self.graph)
+            self.sess.run(tf.compat.v1.global_variables_initializer(), dict(zip(inits, values)))
+
+    def loss(self, ids, labels):
+        return self.sess.run(self.loss_t, {self.ids: ids, self.labels: labels})
+
+    def step(self, ids, labels):
+        return self.sess.run([self.loss_t, self.train_op],
+                             {self.ids: ids, self.labels: labels})[0]
+
+
+def graph_contenders(tf, no_baseline):
+    from fusedopt.compat import v1
+
+    contenders = [("fusedopt v1 LazyAdam", lambda lr: v1.LazyAdamOptimizer(lr, epsilon=1e-7))]
+    if not no_baseline:
+        contenders.append(("tf.compat.v1 Adam",
+                           lambda lr: tf.compat.v1.train.AdamOptimizer(lr, epsilon=1e-7)))
+    return contenders
+
+
 def train(name, step, data, steps):
     """Runs `steps` steps; returns (mean loss of the last 10%, mean step seconds)."""
     losses, seconds = [], []
@@ -129,24 +184,35 @@ def main(argv=None):
     import tensorflow as tf
 
     print(f"fusedopt demo: {args.rows:,} x {args.dim} embedding table, batch {args.batch} x "
-          f"{args.bag} Zipf({args.zipf}) ids, {args.steps} steps, TF {tf.__version__}")
+          f"{args.bag} Zipf({args.zipf}) ids, {args.steps} steps, TF {tf.__version__}"
+          + (f", TF1-style graph mode with {args.tf1} variables" if args.tf1 else ""))
     print(f"  loss of a constant guess: {math.log(2):.4f}")
-    contenders = [("fusedopt LazyAdam", fusedopt_lazy_adam_step)]
-    if not args.no_baseline:
-        contenders.append(("tf.keras Adam", keras_adam_step))
+    if args.tf1:
+        contenders = graph_contenders(tf, args.no_baseline)
+    else:
+        contenders = [("fusedopt LazyAdam", fusedopt_lazy_adam_step)]
+        if not args.no_baseline:
+            contenders.append(("tf.keras Adam", keras_adam_step))
     results = []
-    for name, make_step in contenders:
-        variables = build_model(tf, args.rows, args.dim, args.seed)
+    for name, make in contenders:
         data = SyntheticClicks(args.rows, args.batch, args.bag, args.zipf, args.seed)
-        first_loss = float(loss_fn(tf, variables, *data.next()))
+        if args.tf1:
+            model = GraphModel(tf, initial_values(args.rows, args.dim, args.seed), make,
+                               args.lr, use_resource=(args.tf1 == "resource"))
+            first_loss, step = float(model.loss(*data.next())), model.step
+        else:
+            variables = build_model(tf, args.rows, args.dim, args.seed)
+            first_loss = float(loss_fn(tf, variables, *data.next()))
+            step = make(tf, variables, args.lr)
         data = SyntheticClicks(args.rows, args.batch, args.bag, args.zipf, args.seed)
-        final_loss, step_seconds = train(name, make_step(tf, variables, args.lr), data, args.steps)
+        final_loss, step_seconds = train(name, step, data, args.steps)
         results.append((name, first_loss, final_loss, step_seconds))
     print(f"\n{'optimizer':20s} {'first loss':>10s} {'final loss':>10s} {'step ms':>9s}")
     for name, first_loss, final_loss, step_seconds in results:
         print(f"{name:20s} {first_loss:10.4f} {final_loss:10.4f} {1e3 * step_seconds:9.2f}")
     if len(results) == 2:
-        print(f"fusedopt step time: {results[1][3] / results[0][3]:.1f}x faster than tf.keras Adam")
+        print(f"fusedopt step time: {results[1][3] / results[0][3]:.1f}x faster than "
+              f"{results[1][0]}")
     return results
 
 

@@ -66,7 +66,7 @@ class LazyAdam(_FusedUpdate, _optimizers.Adam):
         if self.amsgrad:
             return self._keras_update_step(_optimizers.Adam, gradient, variable, learning_rate)
         dtype = variable.dtype
-        step = tf.cast(self.iterations + 2, dtype)
+        step = tf.cast(self.iterations + 1, dtype)
         beta1 = tf.cast(_value(self.beta_1), dtype)
         beta2 = tf.cast(_value(self.beta_2), dtype)
         hyper = dict(beta1_power=tf.pow(beta1, step), beta2_power=tf.pow(beta2, step),
@@ -83,7 +83,7 @@ class Adamax(_FusedUpdate, _optimizers.Adamax):
 
     def update_step(self, gradient, variable, learning_rate=None):
         dtype = variable.dtype
-        step = tf.cast(self.iterations + 2, dtype)
+        step = tf.cast(self.iterations + 1, dtype)
         beta1 = tf.cast(_value(self.beta_1), dtype)
         hyper = dict(beta1_power=tf.pow(beta1, step), lr=self._lr(variable, learning_rate),
                      beta1=beta1, beta2=_value(self.beta_2), epsilon=_value(self.epsilon))
@@ -101,4 +101,4 @@ class Adagrad(_FusedUpdate, _optimizers.Adagrad):
         hyper = dict(lr=self._lr(variable, learning_rate), epsilon=_value(self.epsilon))
         slots = [self._slot(self._accumulators, variable)]
         return self._fused("adagrad", variable, slots, gradient, hyper,
-                           {"epsilon_inside_sqrt": False})
+                           {"epsilon_inside_sqrt": True})

@@ -4,7 +4,7 @@
 ``slots`` in place with fusedopt's op for ``rule`` (dense gradient, or ``tf.IndexedSlices``
 -> the sparse op, touched rows only). Where the custom kernels cannot run — inside an
 XLA-compiled function (``jit_compile=True``) or when ``composed=True`` (DTensor sharded
-layouts) — it uses ``fusedopt.reference``, the same rule in composed TF ops.
+layouts) — it runs the same rule in composed TF ops (``fusedopt.reference``'s math).
 """
 
 import tensorflow as tf
@@ -42,33 +42,51 @@ def unwrap(variable):
     return variable
 
 
+def _read(variable):
+    return variable.read_value() if hasattr(variable, "read_value") else tf.convert_to_tensor(
+        variable)
+
+
+def _assign(targets, values):
+    ops = [t.assign(x, read_value=False) for t, x in zip(targets, values)]
+    return None if tf.executing_eagerly() else tf.group(*ops)
+
+
+def _composed_dense(rule, variable, slots, grad, hyper, options):
+    old = [_read(variable)] + [_read(s) for s in slots]
+    new = getattr(reference, rule)(old[0], *old[1:], grad, **hyper, **options)
+    return _assign([variable] + slots, new)
+
+
 def _composed_sparse(rule, variable, slots, values, indices, hyper, options):
-    """Lazy sparse update in composed ops without tf.unique/scatter.
+    """Lazy sparse update in composed ops, without tf.unique/scatter.
 
     Duplicate indices are summed into a var-shaped gradient; the rule runs on every row
     and only the touched rows take the new values (untouched rows keep their bits). Not
     ``fusedopt.reference.apply_sparse``: under XLA, ``tf.unique`` of indices that are
     themselves dynamically shaped (Keras 2.15 deduplicates sparse gradients with
-    ``tf.unique`` first) returns padded garbage, and the scatter then undoes updates.
+    ``tf.unique`` first) returns padded garbage, and its scatter then undoes updates.
     """
     rows = tf.shape(variable)[0]
     compute = tf.float32 if values.dtype in (tf.float16, tf.bfloat16) else values.dtype
     indices = tf.reshape(indices, [-1])
     grad = tf.math.unsorted_segment_sum(tf.cast(values, compute), indices, rows)
     touched = tf.math.unsorted_segment_max(tf.ones_like(indices, tf.int32), indices, rows) > 0
-    touched = tf.reshape(touched, tf.concat([[rows], tf.ones([tf.rank(variable) - 1],
-                                                             tf.int32)], 0))
-    old = [variable.value()] + [s.value() for s in slots]
+    touched = tf.reshape(touched, tf.concat(
+        [[rows], tf.ones([tf.rank(variable) - 1], tf.int32)], 0))
+    old = [_read(variable)] + [_read(s) for s in slots]
     new = getattr(reference, rule)(old[0], *old[1:], grad, **hyper, **options)
-    for target, before, after in zip([variable] + slots, old, new):
-        target.assign(tf.where(touched, after, before), read_value=False)
+    return _assign([variable] + slots,
+                   [tf.where(touched, after, before) for before, after in zip(old, new)])
 
 
-def apply(rule, variable, slots, grad, hyper, options=None, composed=False):
+def apply(rule, variable, slots, grad, hyper, options=None, composed=False,
+          use_locking=False):
     """One update of ``variable`` and ``slots`` (in the rule's slot order).
 
-    ``hyper``: dict of the rule's hyper-parameters (numbers or tensors). The gradient is
-    cast to the variable's dtype first, as Keras does.
+    ``hyper``: dict of the rule's hyper-parameters (numbers or tensors, cast to the
+    variable's dtype). The gradient is cast to the variable's dtype first, as Keras does.
+    Returns the update op in graph mode, None when executing eagerly.
     """
     options = dict(options or {})
     variable = unwrap(variable)
@@ -81,8 +99,9 @@ def apply(rule, variable, slots, grad, hyper, options=None, composed=False):
             return _composed_sparse(rule, variable, slots, values, grad.indices, hyper,
                                     options)
         return _op(rule, True)(variable, *slots, grad=values, indices=grad.indices,
-                               **hyper, **options)
+                               use_locking=use_locking, **hyper, **options)
     grad = tf.cast(grad, dtype)
     if composed:
-        return reference.apply_dense(rule, variable, slots, grad, **hyper, **options)
-    return _op(rule, False)(variable, *slots, grad=grad, **hyper, **options)
+        return _composed_dense(rule, variable, slots, grad, hyper, options)
+    return _op(rule, False)(variable, *slots, grad=grad, use_locking=use_locking, **hyper,
+                            **options)

@@ -1,0 +1,150 @@
+"""Training loops for test_resume.py, runnable in a fresh process.
+
+    python resume_worker.py MODE PHASE CKPT_DIR OUT_NPZ FIRST LAST
+
+MODE: "checkpoint" (eager, resource variables, tf.train.Checkpoint) or "saver"
+(tf.compat.v1 graph, ref variables and ops, tf.compat.v1.train.Saver).
+PHASE: "start" trains steps [0, LAST) from scratch and saves; "resume" restores what
+"start" saved and trains steps [FIRST, LAST). Either way every rule (with every option
+set) is trained and the final values of all variables are written to OUT_NPZ.
+
+Each step applies a dense update to a [6, 5] variable and a sparse update (duplicate
+ids) to a [20, 4] embedding table; the beta powers are variables too (part of the
+state a checkpoint has to carry). Gradients depend only on the step number.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import fusedopt.ops as fops  # noqa: E402
+
+RULE_SETS = [("lazy_adam", {}), ("lazy_adam", {"use_nesterov": True}), ("adamax", {}),
+             ("adagrad", {}), ("adagrad", {"epsilon_inside_sqrt": True})]
+HYPER = {
+    "lazy_adam": dict(lr=0.01, beta1=0.9, beta2=0.999, epsilon=1e-7),
+    "adamax": dict(lr=0.02, beta1=0.8, beta2=0.95, epsilon=1e-7),
+    "adagrad": dict(lr=0.1, epsilon=1e-7),
+}
+SHAPES = {"dense": (6, 5), "emb": (20, 4)}
+
+
+def key(rule, options):
+    return rule + "".join("-" + k for k, v in sorted(options.items()) if v)
+
+
+def data(step):
+    rng = np.random.default_rng(10_000 + step)
+    dense_g = rng.normal(size=SHAPES["dense"]).astype(np.float32)
+    idx = rng.integers(0, SHAPES["emb"][0], 9).astype(np.int64)  # duplicates likely
+    emb_g = rng.normal(size=(9, SHAPES["emb"][1])).astype(np.float32)
+    return dense_g, emb_g, idx
+
+
+def initial_values(name):
+    rng = np.random.default_rng(len(name) * 7919)
+    return rng.uniform(-1, 1, SHAPES[name]).astype(np.float32)
+
+
+def slot_init(rule, slot, shape):
+    value = 0.1 if (rule == "adagrad" and slot == "accum") else 0.0
+    return np.full(shape, value, np.float32)
+
+
+class Model:
+    """Variables and a step function for one (rule, options) in eager or graph mode."""
+
+    def __init__(self, rule, options, graph):
+        self.rule, self.options, self.graph = rule, options, graph
+        self.hyper_names = fops.RULES[rule]["hyper"]
+        mk = ((lambda x, n: tf.compat.v1.Variable(x, name=n, use_resource=False)) if graph
+              else (lambda x, n: tf.Variable(x, name=n)))
+        k = key(rule, options)
+        self.vars = {}
+        for name in SHAPES:
+            self.vars[name] = mk(initial_values(name), "%s/%s" % (k, name))
+            for s in fops.RULES[rule]["slots"]:
+                self.vars[name + "/" + s] = mk(slot_init(rule, s, SHAPES[name]),
+                                               "%s/%s/%s" % (k, name, s))
+        self.powers = {}
+        for p, beta in (("beta1_power", "beta1"), ("beta2_power", "beta2")):
+            if p in self.hyper_names:
+                self.powers[p] = (mk(np.float32(1.0), "%s/%s" % (k, p)), HYPER[rule][beta])
+
+    def _update(self, dense_g, emb_g, idx):
+        """Advances the beta powers, then updates both variables."""
+        pre = [tf.compat.v1.assign(v, v * beta) if self.graph else v.assign(v * beta)
+               for v, beta in self.powers.values()]
+        with tf.control_dependencies(pre if self.graph else None):
+            vals = dict(HYPER[self.rule])
+            for p, (v, _) in self.powers.items():
+                vals[p] = tf.identity(v) if self.graph else v.read_value()
+            hyper = [vals[n] for n in self.hyper_names]
+            slots = fops.RULES[self.rule]["slots"]
+            prefix = "" if self.graph else "resource_"
+            dense = getattr(fops, "%sapply_%s" % (prefix, self.rule))
+            sparse = getattr(fops, "%ssparse_apply_%s" % (prefix, self.rule))
+            a = dense(self.vars["dense"], *[self.vars["dense/" + s] for s in slots], *hyper,
+                      dense_g, **self.options)
+            b = sparse(self.vars["emb"], *[self.vars["emb/" + s] for s in slots], *hyper,
+                       emb_g, idx, **self.options)
+        if self.graph:
+            return tf.group(a, b)
+        return None
+
+    def all_vars(self):
+        return dict(self.vars, **{p: v for p, (v, _) in self.powers.items()})
+
+
+def run_eager(phase, ckpt_dir, first, last):
+    models = [Model(r, o, graph=False) for r, o in RULE_SETS]
+    ckpt = tf.train.Checkpoint(**{"%s_%s" % (key(m.rule, m.options), n.replace("/", "_")): v
+                                  for m in models for n, v in m.all_vars().items()})
+    if phase == "resume":
+        ckpt.read(os.path.join(ckpt_dir, "ckpt")).assert_consumed()
+    for t in range(first if phase == "resume" else 0, last):
+        dense_g, emb_g, idx = data(t)
+        for m in models:
+            m._update(tf.constant(dense_g), tf.constant(emb_g), tf.constant(idx))
+    if phase == "start" and ckpt_dir:
+        ckpt.write(os.path.join(ckpt_dir, "ckpt"))
+    return {"%s/%s" % (key(m.rule, m.options), n): v.numpy()
+            for m in models for n, v in m.all_vars().items()}
+
+
+def run_graph(phase, ckpt_dir, first, last):
+    with tf.Graph().as_default():
+        models = [Model(r, o, graph=True) for r, o in RULE_SETS]
+        dg = tf.compat.v1.placeholder(tf.float32, SHAPES["dense"])
+        eg = tf.compat.v1.placeholder(tf.float32, [None, SHAPES["emb"][1]])
+        ix = tf.compat.v1.placeholder(tf.int64, [None])
+        train = tf.group(*[m._update(dg, eg, ix) for m in models])
+        saver = tf.compat.v1.train.Saver()
+        with tf.compat.v1.Session() as sess:
+            if phase == "resume":
+                saver.restore(sess, os.path.join(ckpt_dir, "model"))
+            else:
+                sess.run(tf.compat.v1.global_variables_initializer())
+            for t in range(first if phase == "resume" else 0, last):
+                dense_g, emb_g, idx = data(t)
+                sess.run(train, {dg: dense_g, eg: emb_g, ix: idx})
+            if phase == "start" and ckpt_dir:
+                saver.save(sess, os.path.join(ckpt_dir, "model"))
+            names = {"%s/%s" % (key(m.rule, m.options), n): v
+                     for m in models for n, v in m.all_vars().items()}
+            values = sess.run(names)
+    return values
+
+
+def run(mode, phase, ckpt_dir, first, last):
+    return (run_eager if mode == "checkpoint" else run_graph)(phase, ckpt_dir, first, last)
+
+
+if __name__ == "__main__":
+    mode, phase, ckpt_dir, out, first, last = sys.argv[1:7]
+    values = run(mode, phase, ckpt_dir, int(first), int(last))
+    np.savez(out, **values)

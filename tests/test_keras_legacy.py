@@ -1,0 +1,308 @@
+"""fusedopt.keras.legacy: Keras 2 OptimizerV2 drop-ins (tf_keras on TF >= 2.16,
+tf.keras.optimizers.legacy on TF 2.15).
+
+On TF >= 2.16 the legacy API needs ``TF_USE_LEGACY_KERAS=1`` before TensorFlow is
+imported; when this process has imported TF without it, the module re-runs itself in a
+subprocess with the variable set (one test here, every test there), so a plain
+``pytest tests/`` covers it in both environments.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import numpy_reference as npref
+
+TF_VERSION = tuple(int(x) for x in tf.__version__.split(".")[:2])
+IN_SUBPROCESS = TF_VERSION >= (2, 16) and os.environ.get("TF_USE_LEGACY_KERAS") != "1"
+
+
+if IN_SUBPROCESS:
+
+    def test_legacy_suite_with_tf_use_legacy_keras():
+        env = dict(os.environ, TF_USE_LEGACY_KERAS="1")
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+             os.path.abspath(__file__)],
+            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+        tail = proc.stdout[-6000:]
+        assert proc.returncode == 0, tail
+        assert " passed" in tail and "skipped" not in tail and "failed" not in tail, tail
+
+else:
+    from fusedopt.keras import legacy as fl
+
+    K = fl._keras  # tf.keras on TF 2.15; tf_keras on TF >= 2.16
+    PAIRS = {
+        "lazy_adam": (fl.LazyAdam, K.optimizers.legacy.Adam),
+        "adamax": (fl.Adamax, K.optimizers.legacy.Adamax),
+        "adagrad": (fl.Adagrad, K.optimizers.legacy.Adagrad),
+    }
+    OP = {"lazy_adam": "LazyAdam", "adamax": "Adamax", "adagrad": "Adagrad"}
+
+    def _vars(seed, dtype="float32"):
+        rng = np.random.default_rng(seed)
+        return [tf.Variable(rng.uniform(-1, 1, (5, 3)).astype(dtype)),
+                tf.Variable(rng.uniform(-1, 1, (3,)).astype(dtype))]
+
+    def _no_result(fn):  # OptimizerV2.apply_gradients returns an Operation
+        def wrapped(*args):
+            fn(*args)
+        return wrapped
+
+    def _grads(rng, variables, scale=1.0):
+        return [tf.constant((scale * rng.normal(size=v.shape)).astype(
+            v.dtype.as_numpy_dtype)) for v in variables]
+
+    def test_tf_keras_is_the_legacy_keras():
+        assert issubclass(fl.LazyAdam, K.optimizers.legacy.Adam)
+        assert issubclass(fl.Adagrad, K.optimizers.legacy.Optimizer)
+        if TF_VERSION >= (2, 16):  # TF_USE_LEGACY_KERAS=1: tf.keras is tf_keras
+            assert tf.keras.optimizers.legacy.Adam is K.optimizers.legacy.Adam
+
+    CONFIGS = {
+        "plain": dict(learning_rate=0.05, epsilon=0.05),
+        "clipnorm_lr_alias": dict(lr=0.03, clipnorm=0.5),
+        "clipvalue_decay": dict(learning_rate=0.1, clipvalue=0.3, decay=0.1),
+        "global_clipnorm": dict(learning_rate=0.05, global_clipnorm=1.0),
+    }
+
+    @pytest.mark.parametrize("config", sorted(CONFIGS))
+    @pytest.mark.parametrize("rule", sorted(PAIRS))
+    def test_dense_matches_keras_legacy(rule, config):
+        ours_cls, keras_cls = PAIRS[rule]
+        ours, ref = ours_cls(**CONFIGS[config]), keras_cls(**CONFIGS[config])
+        v_ours, v_ref = _vars(1), _vars(1)
+        rng = np.random.default_rng(2)
+        step_ours = tf.function(_no_result(lambda g: ours.apply_gradients(zip(g, v_ours))))
+        for step in range(12):
+            grads = _grads(rng, v_ours, scale=2.0)
+            if step < 6:
+                ours.apply_gradients(zip(grads, v_ours))
+            else:
+                step_ours(grads)
+            ref.apply_gradients(zip(grads, v_ref))
+            for a, b in zip(v_ours, v_ref):
+                np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6,
+                                           err_msg="%s %s step %d" % (rule, config, step))
+        assert ours.get_slot_names() == ref.get_slot_names()
+        for a, b in zip(ours.get_weights(), ref.get_weights()):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+    @pytest.mark.parametrize("dtype", ["float16", "float64"])
+    @pytest.mark.parametrize("rule", sorted(PAIRS))
+    def test_dense_other_dtypes(rule, dtype):
+        ours_cls, keras_cls = PAIRS[rule]
+        ours, ref = ours_cls(0.05, epsilon=1e-3), keras_cls(0.05, epsilon=1e-3)
+        v_ours, v_ref = _vars(3, dtype), _vars(3, dtype)
+        rng = np.random.default_rng(4)
+        for _ in range(8):
+            grads = _grads(rng, v_ours)
+            ours.apply_gradients(zip(grads, v_ours))
+            ref.apply_gradients(zip(grads, v_ref))
+        tol = dict(rtol=1e-10, atol=1e-12) if dtype == "float64" else dict(rtol=2e-2,
+                                                                            atol=5e-3)
+        for a, b in zip(v_ours, v_ref):
+            np.testing.assert_allclose(a.numpy().astype(np.float64),
+                                       b.numpy().astype(np.float64), **tol)
+
+    @pytest.mark.parametrize("rule", sorted(PAIRS))
+    def test_uses_fused_ops_and_xla_fallback(rule):
+        opt = PAIRS[rule][0](0.1)
+        variables = _vars(5)
+        emb = tf.Variable(np.ones((6, 2), np.float32))
+        grads = _grads(np.random.default_rng(0), variables)
+        sparse = tf.IndexedSlices(tf.ones((3, 2)), tf.constant([0, 2, 2]), tf.constant([6, 2]))
+
+        def step(g0, g1):
+            opt.apply_gradients(zip([g0, g1, sparse], variables + [emb]))
+
+        step(*grads)  # creates the slots
+        graph = tf.function(step).get_concrete_function(*grads).graph
+        types = {op.type for op in graph.get_operations()}
+        for f in graph._functions.values():
+            types.update(o.type for o in f.graph.get_operations())
+        assert {t for t in types if t.startswith("FusedOpt>")} == {
+            "FusedOpt>ResourceApply" + OP[rule], "FusedOpt>ResourceSparseApply" + OP[rule]}
+        jit = tf.function(step, jit_compile=True)
+        before = [v.numpy() for v in variables + [emb]]
+        jit(*grads)
+        assert all(not np.array_equal(b, v.numpy()) for b, v in zip(before, variables + [emb]))
+        assert np.array_equal(before[2][[1, 3, 4, 5]], emb.numpy()[[1, 3, 4, 5]])
+
+    @pytest.mark.parametrize("jit", [False, True])
+    @pytest.mark.parametrize("rule", sorted(PAIRS))
+    def test_sparse_lazy_matches_reference(rule, jit):
+        opt = PAIRS[rule][0](0.1, epsilon=0.01)
+        rng = np.random.default_rng(7)
+        var = tf.Variable(rng.uniform(-1, 1, (8, 3)).astype(np.float32))
+        fn = tf.function(_no_result(
+            lambda g, i: opt.apply_gradients([(tf.IndexedSlices(g, i, [8, 3]), var)])),
+            jit_compile=jit)
+        for step in range(1, 6):
+            idx = rng.choice([0, 2, 3, 5, 6], size=6).astype(np.int32)
+            g = rng.normal(size=(6, 3)).astype(np.float32)
+            v0 = var.numpy()
+            s0 = ([np.asarray(opt.get_slot(var, n).numpy()) for n in opt.get_slot_names()]
+                  if step > 1 else None)
+            if s0 is None:
+                s0 = ([np.zeros_like(v0)] * 2 if rule != "adagrad"
+                      else [np.full_like(v0, 0.1)])
+            hyper = {"lr": 0.1, "epsilon": 0.01}
+            if rule != "adagrad":
+                hyper.update(beta1=0.9, beta2=0.999, beta1_power=0.9 ** step,
+                             beta2_power=0.999 ** step)
+            exp_v, exp_s = npref.sparse_update(rule, v0, s0, g, idx, hyper)
+            fn(tf.constant(g), tf.constant(idx))
+            np.testing.assert_allclose(var.numpy(), exp_v, rtol=1e-5, atol=1e-6)
+            for n, e in zip(opt.get_slot_names(), exp_s):
+                np.testing.assert_allclose(opt.get_slot(var, n).numpy(), e, rtol=1e-5,
+                                           atol=1e-6)
+            for untouched in (1, 4, 7):
+                assert var.numpy()[untouched].tobytes() == v0[untouched].tobytes()
+
+    def test_sparse_adagrad_matches_keras_legacy():
+        # Keras 2's own sparse Adagrad is already lazy (ResourceSparseApplyAdagradV2).
+        rng = np.random.default_rng(3)
+        init = rng.uniform(-1, 1, (6, 2)).astype(np.float32)
+        results = []
+        for cls in (fl.Adagrad, K.optimizers.legacy.Adagrad):
+            var, opt = tf.Variable(init), cls(0.2, epsilon=0.05)
+            r = np.random.default_rng(9)
+            for _ in range(5):
+                g = tf.IndexedSlices(tf.constant(r.normal(size=(4, 2)).astype(np.float32)),
+                                     tf.constant(r.integers(0, 6, 4).astype(np.int32)), [6, 2])
+                opt.apply_gradients([(g, var)])
+            results.append(var.numpy())
+        np.testing.assert_allclose(results[0], results[1], rtol=1e-5, atol=1e-6)
+
+    # --- the OptimizerV2 API -------------------------------------------------------------
+
+    @pytest.mark.parametrize("rule", sorted(PAIRS))
+    def test_config_serialization(rule):
+        cls = PAIRS[rule][0]
+        opt = cls(learning_rate=0.03, epsilon=1e-4, clipnorm=0.7, decay=0.01, name="opt")
+        config = opt.get_config()
+        assert config["name"] == "opt" and config["clipnorm"] == 0.7
+        again = cls.from_config(config, custom_objects={})
+        assert type(again) is cls and again.get_config() == config
+        ser = K.optimizers.serialize(opt)
+        back = K.optimizers.deserialize(ser)
+        assert type(back) is cls and back.get_config() == config
+        assert "fusedopt" in str(ser)
+
+    def test_optimizer_v2_api():
+        var = tf.Variable([[1.0, 2.0], [3.0, 4.0]])
+        opt = fl.LazyAdam(0.1)
+        loss = lambda: tf.reduce_sum(var * var)  # noqa: E731
+        opt.minimize(loss, [var])
+        assert int(opt.iterations.numpy()) == 1
+        assert opt.get_slot_names() == ["m", "v"]
+        m = opt.get_slot(var, "m")
+        np.testing.assert_allclose(m.numpy(), 0.1 * 2 * np.array([[1, 2], [3, 4]]), rtol=1e-6)
+        extra = opt.add_slot(var, "extra", "ones")
+        assert opt.get_slot(var, "extra") is extra
+        weights = opt.get_weights()
+        assert len(weights) == 4 and len(opt.weights) == 4 and len(opt.variables()) == 4
+        opt.set_weights([w * 0 for w in weights])
+        assert int(opt.iterations.numpy()) == 0
+        assert opt.lr.numpy() == pytest.approx(0.1)
+
+    @pytest.mark.parametrize("rule", sorted(PAIRS))
+    def test_get_updates_and_get_gradients_in_graph(rule):
+        results = []
+        for cls in PAIRS[rule]:
+            graph = tf.Graph()
+            with graph.as_default():
+                var = tf.compat.v1.Variable([[1.0, -2.0], [0.5, 4.0]], use_resource=True)
+                loss = tf.reduce_sum(var * var * var)
+                opt = cls(0.1)
+                assert len(opt.get_gradients(loss, [var])) == 1
+                updates = opt.get_updates(loss, [var])
+                with tf.compat.v1.Session(graph=graph) as sess:
+                    sess.run(tf.compat.v1.global_variables_initializer())
+                    for _ in range(3):
+                        sess.run(updates)
+                    results.append(sess.run(var))
+        np.testing.assert_allclose(results[0], results[1], rtol=1e-5, atol=1e-6)
+
+    # --- model.fit, checkpoints ----------------------------------------------------------
+
+    def _model(seed=0):
+        K.utils.set_random_seed(seed)
+        inp = K.Input((4,), dtype="int32")
+        x = K.layers.Embedding(20, 6)(inp)
+        x = K.layers.Flatten()(x)
+        x = K.layers.Dense(8, activation="tanh")(x)
+        return K.Model(inp, K.layers.Dense(1)(x))
+
+    def _data(n=64):
+        rng = np.random.default_rng(0)
+        x = rng.integers(0, 20, (n, 4)).astype(np.int32)
+        return x, (x.sum(axis=1, keepdims=True) / 40.0 - 0.5).astype(np.float32)
+
+    @pytest.mark.parametrize("rule", sorted(PAIRS))
+    def test_fit_and_jit_compile(rule):
+        x, y = _data()
+        weights = []
+        for jit in (False, True):
+            model = _model()
+            model.compile(optimizer=PAIRS[rule][0](0.05), loss="mse", jit_compile=jit)
+            hist = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+            assert hist.history["loss"][-1] < hist.history["loss"][0]
+            weights.append(model.get_weights())
+        for a, b in zip(*weights):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+    def test_fit_dense_matches_keras_adam():
+        rng = np.random.default_rng(1)
+        x = rng.normal(size=(64, 5)).astype(np.float32)
+        y = x @ rng.normal(size=(5, 1)).astype(np.float32)
+        weights = []
+        for cls in (fl.LazyAdam, K.optimizers.legacy.Adam):
+            K.utils.set_random_seed(3)
+            model = K.Sequential([K.layers.Dense(7, activation="relu", input_shape=(5,)),
+                                  K.layers.Dense(1)])
+            model.compile(optimizer=cls(0.01, clipnorm=1.0), loss="mse")
+            model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0)
+            weights.append(model.get_weights())
+        for a, b in zip(*weights):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+    def test_keras_adam_checkpoint_restores_into_lazy_adam(tmp_path):
+        x, y = _data()
+        model = _model()
+        opt = K.optimizers.legacy.Adam(0.02)
+        model.compile(optimizer=opt, loss="mse")
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        prefix = tf.train.Checkpoint(model=model, optimizer=opt).save(str(tmp_path / "c"))
+        model2 = _model(seed=5)
+        opt2 = fl.LazyAdam(0.02)
+        status = tf.train.Checkpoint(model=model2, optimizer=opt2).restore(prefix)
+        opt2._create_all_weights(model2.trainable_variables)  # slots take restored values
+        status.assert_consumed()
+        assert int(opt2.iterations.numpy()) == 4
+        assert len(opt.get_weights()) == len(opt2.get_weights())
+        for a, b in zip(model.get_weights(), model2.get_weights()):
+            np.testing.assert_array_equal(a, b)
+        for var, var2 in zip(model.trainable_variables, model2.trainable_variables):
+            for name in ("m", "v"):
+                np.testing.assert_array_equal(opt.get_slot(var, name).numpy(),
+                                              opt2.get_slot(var2, name).numpy())
+
+    def test_model_save_load_h5(tmp_path):
+        x, y = _data()
+        model = _model()
+        model.compile(optimizer=fl.Adamax(0.02), loss="mse")
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        path = str(tmp_path / "m.h5")
+        model.save(path)
+        loaded = K.models.load_model(path)
+        assert type(loaded.optimizer) is fl.Adamax
+        for a, b in zip(model.optimizer.get_weights(), loaded.optimizer.get_weights()):
+            np.testing.assert_array_equal(a, b)
