@@ -2,8 +2,10 @@
 
     python resume_worker.py MODE PHASE CKPT_DIR OUT_NPZ FIRST LAST
 
-MODE: "checkpoint" (eager, resource variables, tf.train.Checkpoint) or "saver"
-(tf.compat.v1 graph, ref variables and ops, tf.compat.v1.train.Saver).
+MODE: "checkpoint" (eager, resource variables, tf.train.Checkpoint), "saver"
+(tf.compat.v1 graph, ref variables and ops, tf.compat.v1.train.Saver), "v1optimizer"
+(fusedopt.compat.v1 optimizer classes, Saver) or "keras" (fusedopt.keras optimizers,
+model.save to .keras and keras.models.load_model).
 PHASE: "start" trains steps [0, LAST) from scratch and saves; "resume" restores what
 "start" saved and trains steps [FIRST, LAST). Either way every rule (with every option
 set) is trained and the final values of all variables are written to OUT_NPZ.
@@ -140,8 +142,108 @@ def run_graph(phase, ckpt_dir, first, last):
     return values
 
 
+# --- the optimizer classes: fusedopt.compat.v1 (Saver) and fusedopt.keras (.keras) ----
+
+def _opt_data(step, batch=12):
+    rng = np.random.default_rng(20_000 + step)
+    ids = rng.integers(0, 20, batch).astype(np.int64)
+    return ids, rng.normal(size=(batch, 4)).astype(np.float32), rng.normal(
+        size=(4, 3)).astype(np.float32)
+
+
+def _v1_optimizers():
+    from fusedopt.compat import v1
+    return {"lazy_adam": lambda: v1.LazyAdamOptimizer(0.01),
+            "adamax": lambda: v1.AdamaxOptimizer(0.02),
+            "adagrad": lambda: v1.AdagradOptimizer(0.1)}
+
+
+def run_v1_optimizer(phase, ckpt_dir, first, last):
+    """tf.compat.v1 optimizer classes on ref variables: embedding (sparse) + dense."""
+    with tf.Graph().as_default():
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        ge = tf.compat.v1.placeholder(tf.float32, [None, 4])
+        gw = tf.compat.v1.placeholder(tf.float32, [4, 3])
+        train, tracked = [], {}
+        for name, make in sorted(_v1_optimizers().items()):
+            with tf.compat.v1.variable_scope(name):
+                emb = tf.compat.v1.Variable(initial_values("emb"), name="emb", use_resource=False)
+                w = tf.compat.v1.Variable(np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3),
+                                          name="w", use_resource=False)
+                loss = (tf.reduce_sum(tf.gather(emb, ids) * ge) + tf.reduce_sum(w * gw))
+                opt = make()
+                train.append(opt.minimize(loss, var_list=[emb, w]))
+        saver = tf.compat.v1.train.Saver()
+        for v in tf.compat.v1.global_variables():
+            tracked[v.op.name] = v
+        with tf.compat.v1.Session() as sess:
+            if phase == "resume":
+                saver.restore(sess, os.path.join(ckpt_dir, "v1opt"))
+            else:
+                sess.run(tf.compat.v1.global_variables_initializer())
+            for t in range(first if phase == "resume" else 0, last):
+                i, e, w_ = _opt_data(t)
+                sess.run(train, {ids: i, ge: e, gw: w_})
+            if phase == "start" and ckpt_dir:
+                saver.save(sess, os.path.join(ckpt_dir, "v1opt"))
+            return sess.run(tracked)
+
+
+def _keras_model(rule):
+    import fusedopt.keras as fk
+    keras = tf.keras
+    inp = keras.Input((3,), dtype="int64")
+    x = keras.layers.Embedding(20, 4, name="emb")(inp)
+    x = keras.layers.Flatten()(x)
+    out = keras.layers.Dense(2, name="dense")(x)
+    model = keras.Model(inp, out)
+    opt = {"lazy_adam": lambda: fk.LazyAdam(0.01), "adamax": lambda: fk.Adamax(0.02),
+           "adagrad": lambda: fk.Adagrad(0.1)}[rule]()
+    model.compile(optimizer=opt, loss="mse")
+    rng = np.random.default_rng(5)
+    model.set_weights([w.astype(np.float32) for w in
+                       (rng.uniform(-1, 1, (20, 4)), rng.uniform(-1, 1, (12, 2)),
+                        rng.uniform(-1, 1, (2,)))])
+    return model
+
+
+def _keras_batch(step):
+    rng = np.random.default_rng(30_000 + step)
+    return (rng.integers(0, 20, (8, 3)).astype(np.int64),
+            rng.normal(size=(8, 2)).astype(np.float32))
+
+
+def run_keras(phase, ckpt_dir, first, last):
+    """fusedopt.keras optimizers; model.save(.keras) / keras.models.load_model."""
+    import fusedopt.keras  # noqa: F401 - registers the optimizers for load_model
+    values = {}
+    for rule in sorted(HYPER):
+        path = os.path.join(ckpt_dir, rule + ".keras") if ckpt_dir else None
+        if phase == "resume":
+            model = tf.keras.models.load_model(path)
+            assert type(model.optimizer).__module__.startswith("fusedopt"), model.optimizer
+        else:
+            model = _keras_model(rule)
+        for t in range(first if phase == "resume" else 0, last):
+            x, y = _keras_batch(t)
+            model.train_on_batch(x, y)
+        if phase == "start" and path:
+            model.save(path)
+        for v in model.weights:
+            values["%s/model/%s" % (rule, v.path if hasattr(v, "path") else v.name)] = (
+                np.asarray(v.numpy()))
+        for v in model.optimizer.variables:
+            name = v.path if hasattr(v, "path") else v.name
+            values["%s/opt/%s" % (rule, name)] = np.asarray(v.numpy())
+    return values
+
+
+MODES = {"checkpoint": run_eager, "saver": run_graph, "v1optimizer": run_v1_optimizer,
+         "keras": run_keras}
+
+
 def run(mode, phase, ckpt_dir, first, last):
-    return (run_eager if mode == "checkpoint" else run_graph)(phase, ckpt_dir, first, last)
+    return MODES[mode](phase, ckpt_dir, first, last)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,11 @@ def test_quick_benchmark_runs_every_scenario_and_contenders_agree(tmp_path):
         assert scenario in results
     sparse = results["sparse"]
     expected = {
-        "lazy_adam": {"fusedopt (raw op)", "composed gather/scatter", "keras 3 Adam",
+        "lazy_adam": {"fusedopt (raw op)", "composed gather/scatter", "tf.keras Adam",
                       "tf.compat.v1 AdamOptimizer"},
         "adagrad": {"fusedopt (raw op)", "composed gather/scatter",
-                    "TF ResourceSparseApplyAdagradV2 (+dedup)", "keras 3 Adagrad"},
-        "adamax": {"fusedopt (raw op)", "composed gather/scatter", "keras 3 Adamax"},
+                    "TF ResourceSparseApplyAdagradV2 (+dedup)", "tf.keras Adagrad"},
+        "adamax": {"fusedopt (raw op)", "composed gather/scatter", "tf.keras Adamax"},
     }
     if importlib.util.find_spec("torch") is not None:
         expected["lazy_adam"].add("torch SparseAdam")

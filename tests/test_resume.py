@@ -4,6 +4,9 @@ rule and option set (tests/resume_worker.py has the training loops).
 
 * tf.train.Checkpoint: eager, resource variables, resource_* ops.
 * tf.compat.v1.train.Saver: graph mode, ref variables, the ref ops.
+* fusedopt.compat.v1 optimizer classes (LazyAdam/Adamax/Adagrad) with a Saver.
+* fusedopt.keras optimizers: model.save(".keras"), keras.models.load_model in the new
+  process, train_on_batch on (model weights + optimizer variables).
 """
 
 import os
@@ -29,7 +32,7 @@ def _worker(mode, phase, ckpt_dir, out, first, last):
         return {k: f[k] for k in f.files}
 
 
-@pytest.mark.parametrize("mode", ["checkpoint", "saver"])
+@pytest.mark.parametrize("mode", ["checkpoint", "saver", "v1optimizer", "keras"])
 def test_resume_in_new_process_is_bit_exact(mode, tmp_path):
     # Uninterrupted reference run, in this process.
     full = resume_worker.run(mode, "start", "", 0, TOTAL)
@@ -38,7 +41,8 @@ def test_resume_in_new_process_is_bit_exact(mode, tmp_path):
     resumed = _worker(mode, "resume", tmp_path, tmp_path / "resumed.npz", K, TOTAL)
     assert sorted(full) == sorted(resumed)
     rules = {name.split("/")[0] for name in full}
-    assert len(rules) == len(resume_worker.RULE_SETS)
+    assert len(rules) == (len(resume_worker.RULE_SETS) if mode in ("checkpoint", "saver")
+                          else len(resume_worker.HYPER))
     for name in sorted(full):
         a, b = full[name], resumed[name]
         assert a.dtype == b.dtype and a.shape == b.shape, name

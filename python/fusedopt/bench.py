@@ -164,7 +164,7 @@ def tf_contenders_sparse(tf, problem, rule):
     contenders = {"fusedopt (raw op)": (fused_raw, "lazy"),
                   "composed gather/scatter": (composed_gather_scatter, "lazy")}
     if rule == "lazy_adam":
-        contenders["keras 3 Adam"] = (keras_optimizer(
+        contenders["tf.keras Adam"] = (keras_optimizer(
             lambda: k.Adam(LR, BETA1, BETA2, EPS)), "dense")
         contenders["tf.compat.v1 AdamOptimizer"] = (keras_optimizer(
             lambda: tf.compat.v1.train.AdamOptimizer(LR, BETA1, BETA2, EPS)), "dense")
@@ -191,10 +191,10 @@ def tf_contenders_sparse(tf, problem, rule):
                     indices=unique)
             return cycling(lambda i, g, t: f(i, g), batches), var
         contenders["TF ResourceSparseApplyAdagradV2 (+dedup)"] = (tf_fused_adagrad, "lazy_eps_out")
-        contenders["keras 3 Adagrad"] = (keras_optimizer(
+        contenders["tf.keras Adagrad"] = (keras_optimizer(
             lambda: k.Adagrad(LR, initial_accumulator_value=slot_init, epsilon=EPS)), "lazy")
     else:
-        contenders["keras 3 Adamax"] = (keras_optimizer(
+        contenders["tf.keras Adamax"] = (keras_optimizer(
             lambda: k.Adamax(LR, BETA1, BETA2, EPS)), "dense")
 
     oracles = {"lazy": fused_raw, "dense": fused_dense_semantics}
@@ -377,7 +377,7 @@ def scenario_dense(tf, cfg, progress):
 
         contenders = {"fusedopt (raw op)": (fused, "tf"),
                       "TF fused kernel": (tf_fused, "tf"),
-                      "keras 3 (composed)": (keras_composed, "keras")}
+                      "tf.keras (composed)": (keras_composed, "keras")}
         torch = _torch()
         if torch is not None and rule == "lazy_adam":
             for variant in ("foreach", "fused"):
@@ -514,7 +514,7 @@ def scenario_many_small(tf, cfg, progress):
         return f, vs[0]
 
     progress(f"many small variables: {count} x {size}")
-    return check_and_time({"fusedopt (raw op)": (fused, "tf"), "keras 3 Adam": (keras_adam, "tf")},
+    return check_and_time({"fusedopt (raw op)": (fused, "tf"), "tf.keras Adam": (keras_adam, "tf")},
                           {"tf": fused}, 1, cfg["small_steps"], cfg["repeats"], progress)
 
 
@@ -527,7 +527,7 @@ def aims(results):
 
     def add(text, value, target):
         rows.append({"aim": text, "value": value, "target": target, "met": value >= target})
-    add("sparse LazyAdam vs keras 3 Adam", lazy["keras 3 Adam"]["x_fusedopt"], 10)
+    add("sparse LazyAdam vs tf.keras Adam", lazy["tf.keras Adam"]["x_fusedopt"], 10)
     add("sparse LazyAdam vs composed gather/scatter", lazy["composed gather/scatter"]["x_fusedopt"], 2)
     if "torch SparseAdam" in lazy:
         add("sparse LazyAdam vs torch SparseAdam", lazy["torch SparseAdam"]["x_fusedopt"], 1)
@@ -535,7 +535,7 @@ def aims(results):
         sp["adagrad"]["TF ResourceSparseApplyAdagradV2 (+dedup)"]["x_fusedopt"], 1)
     for rule in ("lazy_adam", "adamax", "adagrad"):
         add(f"dense {rule} vs TF fused kernel", dense[rule]["TF fused kernel"]["x_fusedopt"], 1)
-        add(f"dense {rule} vs keras 3 composed", dense[rule]["keras 3 (composed)"]["x_fusedopt"], 2)
+        add(f"dense {rule} vs tf.keras composed", dense[rule]["tf.keras (composed)"]["x_fusedopt"], 2)
     add("dense Adam op, % of measured bandwidth", results["bandwidth"]["fusedopt_op_adam_pct"], 60)
     tables = results["scaling"]["table_rows"]
     small, large = min(tables, key=int), max(tables, key=int)
@@ -547,7 +547,7 @@ def aims(results):
 def markdown(results, command):
     env = results["environment"]
     lines = [f"Command: `{command}`  ", f"Date: {env['date']}; machine: {env['machine']}; "
-             f"TF {env['tensorflow']}; torch {env['torch']}; threads pinned to {THREADS} "
+             f"TF {env['tensorflow']}; tf.keras = Keras {env['keras']}; torch {env['torch']}; threads pinned to {THREADS} "
              "(TF intra-op, torch, fusedopt._core); inter-op 1.", ""]
     for title, block in [("Sparse embedding step", results["sparse"]), ("Dense step", results["dense"])]:
         lines.append(f"### {title}")
@@ -654,7 +654,8 @@ def main(argv=None):
     results = {"environment": {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "tensorflow": tf.__version__, "torch": torch.__version__ if torch else None,
+        "tensorflow": tf.__version__, "keras": getattr(tf.keras, "__version__", None) or
+        __import__("keras").__version__, "torch": torch.__version__ if torch else None,
         "python": sys.version.split()[0], "quick": args.quick, "config": cfg}}
     results["sparse"] = scenario_sparse(tf, cfg, progress)
     results["dense"] = scenario_dense(tf, cfg, progress)

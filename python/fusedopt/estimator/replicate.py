@@ -556,7 +556,12 @@ def _merge_specs(specs, metric_vars, mode, consolidation, loss_reduction):
     predictions = [_field(s, "predictions") for s in specs]
     if predictions[0] is not None and (not isinstance(predictions[0], dict) or predictions[0]):
         with tf.device(consolidation), tf.compat.v1.name_scope("replicated_predictions"):
-            kwargs["predictions"] = _concat(predictions)
+            try:
+                kwargs["predictions"] = _concat(predictions)
+            except ValueError:  # e.g. scalars: TRAIN/EVAL keep tower 0's, PREDICT fails
+                if mode == ModeKeys.PREDICT:
+                    raise
+                kwargs["predictions"] = predictions[0]
 
     if mode == ModeKeys.TRAIN:
         train_ops = [_field(s, "train_op") for s in specs]
