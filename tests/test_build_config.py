@@ -2,6 +2,7 @@
 the 16-bit conversions, the version-mismatch ImportError and the demo."""
 import glob
 import json
+import math
 import os
 import re
 import subprocess
@@ -154,3 +155,20 @@ def test_demo_trains_and_reports_both_optimizers():
         first, final, step_ms = map(float, numbers.split())
         assert final < first - 0.005, (name, first, final)  # the loss falls
         assert step_ms > 0
+
+
+def test_demo_estimator_variant_trains_on_two_towers():
+    import tensorflow as tf
+
+    if not hasattr(tf.compat.v1, "estimator") or not hasattr(tf.compat.v1.estimator, "Estimator"):
+        pytest.skip(f"tf.compat.v1.estimator is absent in TensorFlow {tf.__version__} "
+                    "(removed in 2.16); CI runs this in the TF 2.15 environment")
+    result = subprocess.run([sys.executable, "-m", "fusedopt.demo", "--quick", "--estimator", "2"],
+                            capture_output=True, text=True, check=True,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    rows = dict(re.findall(r"^(fusedopt v1 LazyAdam|tf.compat.v1 Adam)\s+([\d.]+\s+[\d.]+\s+[\d.]+)$",
+                           result.stdout, re.M))
+    assert set(rows) == {"fusedopt v1 LazyAdam", "tf.compat.v1 Adam"}, result.stdout
+    for name, numbers in rows.items():
+        first, final, _ = map(float, numbers.split())
+        assert abs(first - math.log(2)) < 0.01 and final < first - 0.005, (name, first, final)

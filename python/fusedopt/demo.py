@@ -35,7 +35,13 @@ def parse_args(argv=None):
                    help="TF1-style graph mode (tf.compat.v1 Session) with resource or ref "
                         "variables: fusedopt.compat.v1.LazyAdamOptimizer vs "
                         "tf.compat.v1.train.AdamOptimizer")
+    p.add_argument("--estimator", type=int, metavar="TOWERS",
+                   help="Estimator variant (TF <= 2.15): the model_fn replicated over TOWERS "
+                        "CPU devices with fusedopt.estimator.replicate_model_fn, trained by "
+                        "TowerOptimizer(LazyAdamOptimizer) vs TowerOptimizer(AdamOptimizer)")
     args = p.parse_args(argv)
+    if args.tf1 and args.estimator:
+        p.error("--tf1 and --estimator are different variants: pick one")
     if args.quick:
         args.rows, args.batch, args.steps = 10_000, 256, 30
     return args
@@ -161,6 +167,87 @@ def graph_contenders(tf, no_baseline):
     return contenders
 
 
+class EstimatorModel:
+    """The Estimator variant: replicate_model_fn over `towers` CPU devices.
+
+    `step(ids, labels)` trains one step through Estimator.train, fed by a generator; the
+    loss is read by a hook, so the numbers come from the real Estimator training loop.
+    """
+
+    def __init__(self, tf, args, make_optimizer, model_dir):
+        from fusedopt import estimator as fe
+
+        self.tf, self.queue, self.args = tf, [], args
+        towers = args.estimator
+
+        def model_fn(features, labels, mode, params):
+            init = tf.compat.v1.random_normal_initializer(0.0, 0.05, seed=args.seed)
+            variables = [
+                tf.compat.v1.get_variable("table", [args.rows, args.dim], initializer=init),
+                tf.compat.v1.get_variable("dense", [args.dim, 1], initializer=init),
+                tf.compat.v1.get_variable("bias", [1], initializer=tf.zeros_initializer())]
+            loss = loss_fn(tf, variables, features["ids"], labels)
+            tf.compat.v1.add_to_collection("demo_tower_losses", loss)
+            optimizer = fe.TowerOptimizer(make_optimizer(args.lr))
+            train_op = optimizer.minimize(loss, global_step=tf.compat.v1.train.get_global_step())
+            return fe.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+        config = tf.compat.v1.estimator.RunConfig(
+            model_dir=model_dir, save_checkpoints_steps=10**9, log_step_count_steps=10**9,
+            session_config=tf.compat.v1.ConfigProto(device_count={"CPU": towers}))
+        self.estimator = tf.compat.v1.estimator.Estimator(
+            fe.replicate_model_fn(model_fn, devices=[f"/cpu:{i}" for i in range(towers)]),
+            config=config)
+
+    def _input_fn(self):
+        tf, args = self.tf, self.args
+
+        def batches():
+            while self.queue:
+                ids, labels = self.queue.pop(0)
+                yield {"ids": ids}, labels
+        return tf.data.Dataset.from_generator(
+            batches, output_signature=({"ids": tf.TensorSpec([args.batch, args.bag], tf.int64)},
+                                       tf.TensorSpec([args.batch], tf.float32)))
+
+    def train_all(self, name, data, steps):
+        """Runs `steps` steps in one Estimator.train call; returns (first, final, step s)."""
+        tf = self.tf
+        self.queue = [data.next() for _ in range(steps)]
+        losses, seconds = [], []
+        report_every = max(1, steps // 10)
+
+        class Progress(tf.compat.v1.train.SessionRunHook):
+            def begin(self):
+                tower_losses = tf.compat.v1.get_collection("demo_tower_losses")
+                self.loss = tf.add_n(tower_losses) / len(tower_losses)  # equal-size slices
+
+            def before_run(self, run_context):
+                self.start = time.perf_counter()
+                return tf.compat.v1.train.SessionRunArgs(self.loss)
+
+            def after_run(self, run_context, run_values):
+                if losses:  # the first step includes graph warm-up
+                    seconds.append(time.perf_counter() - self.start)
+                losses.append(float(run_values.results))
+                i = len(losses)
+                if i % report_every == 0 or i == 1:
+                    print(f"  [{name}] step {i:5d}/{steps}  loss {losses[-1]:.4f}  "
+                          f"step {1e3 * np.mean(seconds[-report_every:] or [0]):.1f} ms",
+                          flush=True)
+
+        self.estimator.train(self._input_fn, steps=steps, hooks=[Progress()])
+        tail = max(1, steps // 10)
+        return losses[0], float(np.mean(losses[-tail:])), float(np.median(seconds))
+
+
+def estimator_contenders(tf, no_baseline):
+    if not hasattr(tf.compat.v1, "estimator") or not hasattr(tf.compat.v1.estimator, "Estimator"):
+        raise SystemExit(f"--estimator needs tf.compat.v1.estimator (TF <= 2.15 with "
+                         f"tensorflow-estimator); this is TF {tf.__version__}")
+    return graph_contenders(tf, no_baseline)
+
+
 def train(name, step, data, steps):
     """Runs `steps` steps; returns (mean loss of the last 10%, mean step seconds)."""
     losses, seconds = [], []
@@ -185,8 +272,20 @@ def main(argv=None):
 
     print(f"fusedopt demo: {args.rows:,} x {args.dim} embedding table, batch {args.batch} x "
           f"{args.bag} Zipf({args.zipf}) ids, {args.steps} steps, TF {tf.__version__}"
-          + (f", TF1-style graph mode with {args.tf1} variables" if args.tf1 else ""))
+          + (f", TF1-style graph mode with {args.tf1} variables" if args.tf1 else "")
+          + (f", Estimator over {args.estimator} CPU towers" if args.estimator else ""))
     print(f"  loss of a constant guess: {math.log(2):.4f}")
+    if args.estimator:
+        import tempfile
+
+        tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)  # Estimator chatter
+        results = []
+        for name, make in estimator_contenders(tf, args.no_baseline):
+            with tempfile.TemporaryDirectory() as model_dir:
+                model = EstimatorModel(tf, args, make, model_dir)
+                data = SyntheticClicks(args.rows, args.batch, args.bag, args.zipf, args.seed)
+                results.append((name, *model.train_all(name, data, args.steps)))
+        return report(results)
     if args.tf1:
         contenders = graph_contenders(tf, args.no_baseline)
     else:
@@ -207,6 +306,11 @@ def main(argv=None):
         data = SyntheticClicks(args.rows, args.batch, args.bag, args.zipf, args.seed)
         final_loss, step_seconds = train(name, step, data, args.steps)
         results.append((name, first_loss, final_loss, step_seconds))
+    return report(results)
+
+
+def report(results):
+    """Prints the side-by-side table; `results` holds (name, first, final, step seconds)."""
     print(f"\n{'optimizer':20s} {'first loss':>10s} {'final loss':>10s} {'step ms':>9s}")
     for name, first_loss, final_loss, step_seconds in results:
         print(f"{name:20s} {first_loss:10.4f} {final_loss:10.4f} {1e3 * step_seconds:9.2f}")
