@@ -8,7 +8,8 @@ or ref). Half/bfloat16 compute in float32 and round the result once, like the ke
 
 import tensorflow as tf
 
-__all__ = ["RULES", "lazy_adam", "adamax", "adagrad", "apply_dense", "apply_sparse"]
+__all__ = ["RULES", "lazy_adam", "adamax", "adagrad", "apply_dense", "apply_sparse",
+           "masked_sparse_update"]
 
 
 def _compute_dtype(dtype):
@@ -128,6 +129,12 @@ def apply_sparse(rule, var_variable, slot_variables, grad, indices, **hyper_and_
     tf.function(jit_compile=True). Returns the grouped scatter op in v1 graphs, else None.
     """
     slot_variables = list(slot_variables)
+    if _in_xla_context():
+        new_var, new_slots = masked_sparse_update(
+            rule, var_variable.value(), [s.value() for s in slot_variables], grad, indices,
+            **hyper_and_options)
+        return _result([v.assign(x, read_value=False) for v, x in
+                        zip([var_variable] + slot_variables, (new_var,) + tuple(new_slots))])
     grad = tf.convert_to_tensor(grad)
     rows, segments = tf.unique(tf.reshape(indices, [-1]))
     grad = tf.math.unsorted_segment_sum(
@@ -137,3 +144,34 @@ def apply_sparse(rule, var_variable, slot_variables, grad, indices, **hyper_and_
     updates = [tf.compat.v1.scatter_update(v, rows, x)
                for v, x in zip([var_variable] + slot_variables, (new_var,) + new_slots)]
     return _result(updates)
+
+
+def _in_xla_context():
+    if tf.executing_eagerly():
+        return False
+    from tensorflow.python.ops import control_flow_util
+
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def masked_sparse_update(rule, var, slots, grad, indices, **hyper_and_options):
+    """The sparse update as full-size tensors: (new_var, new_slots).
+
+    Duplicate indices are summed into a var-shaped gradient, the rule runs on every row
+    and only touched rows take its values (untouched rows keep their bits). O(rows) work,
+    but no tf.unique and no scatter: under XLA, tf.unique of indices that are themselves
+    dynamically shaped (e.g. already de-duplicated by Keras 2.15) returns padded values
+    and a scatter with them undoes updates. apply_sparse uses this form under XLA.
+    """
+    var = tf.convert_to_tensor(var)
+    rows = tf.shape(var)[0]
+    indices = tf.reshape(indices, [-1])
+    grad = tf.convert_to_tensor(grad)
+    summed = tf.math.unsorted_segment_sum(tf.cast(grad, _compute_dtype(grad.dtype)), indices,
+                                          rows)
+    touched = tf.math.unsorted_segment_max(tf.ones_like(indices, tf.int32), indices, rows) > 0
+    touched = tf.reshape(touched, tf.concat([[rows], tf.ones([tf.rank(var) - 1], tf.int32)], 0))
+    slots = [tf.convert_to_tensor(s) for s in slots]
+    new_var, new_slots = _call_rule(rule, var, slots, summed, hyper_and_options)
+    return (tf.where(touched, new_var, var),
+            [tf.where(touched, after, before) for before, after in zip(slots, new_slots)])

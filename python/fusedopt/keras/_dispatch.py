@@ -59,25 +59,10 @@ def _composed_dense(rule, variable, slots, grad, hyper, options):
 
 
 def _composed_sparse(rule, variable, slots, values, indices, hyper, options):
-    """Lazy sparse update in composed ops, without tf.unique/scatter.
-
-    Duplicate indices are summed into a var-shaped gradient; the rule runs on every row
-    and only the touched rows take the new values (untouched rows keep their bits). Not
-    ``fusedopt.reference.apply_sparse``: under XLA, ``tf.unique`` of indices that are
-    themselves dynamically shaped (Keras 2.15 deduplicates sparse gradients with
-    ``tf.unique`` first) returns padded garbage, and its scatter then undoes updates.
-    """
-    rows = tf.shape(variable)[0]
-    compute = tf.float32 if values.dtype in (tf.float16, tf.bfloat16) else values.dtype
-    indices = tf.reshape(indices, [-1])
-    grad = tf.math.unsorted_segment_sum(tf.cast(values, compute), indices, rows)
-    touched = tf.math.unsorted_segment_max(tf.ones_like(indices, tf.int32), indices, rows) > 0
-    touched = tf.reshape(touched, tf.concat(
-        [[rows], tf.ones([tf.rank(variable) - 1], tf.int32)], 0))
-    old = [_read(variable)] + [_read(s) for s in slots]
-    new = getattr(reference, rule)(old[0], *old[1:], grad, **hyper, **options)
-    return _assign([variable] + slots,
-                   [tf.where(touched, after, before) for before, after in zip(old, new)])
+    """Lazy sparse update in composed ops (XLA-safe form: no tf.unique, no scatter)."""
+    new_var, new_slots = reference.masked_sparse_update(
+        rule, _read(variable), [_read(s) for s in slots], values, indices, **hyper, **options)
+    return _assign([variable] + slots, [new_var] + list(new_slots))
 
 
 def apply(rule, variable, slots, grad, hyper, options=None, composed=False,

@@ -22,7 +22,7 @@ them); they map to the base optimizer's keyword arguments, which are also accept
 
 import tensorflow as tf
 
-from fusedopt.keras import _FusedUpdate
+from fusedopt.keras import _FusedUpdate, _dispatch
 from fusedopt.keras.legacy import _keras2
 
 _keras = _keras2()
@@ -56,7 +56,8 @@ def _needs_composed(variable, on_mesh):
 
 @_register
 class Adagrad(_FusedUpdate, _keras.optimizers.Adagrad):
-    """Adagrad on DTensor meshes; fused op on replicated layouts, composed on sharded."""
+    """Adagrad on DTensor meshes: fused op for replicated layouts in eager steps, the
+    composed form for sharded layouts and inside ``tf.function``."""
 
     def __init__(self, learning_rate=0.001, initial_accumulator_value=0.1, epsilon=1e-07,
                  gradients_clip_option=None, ema_option=None, name="Adagrad", mesh=None,
@@ -105,14 +106,9 @@ class Adagrad(_FusedUpdate, _keras.optimizers.Adagrad):
     def update_step(self, gradient, variable, learning_rate=None):
         hyper = dict(lr=self._lr(variable, learning_rate), epsilon=self.epsilon)
         slots = [self._slot(self._accumulators, variable)]
-        return _dispatch_apply("adagrad", variable, slots, gradient, hyper,
+        return _dispatch.apply("adagrad", variable, slots, gradient, hyper,
                                {"epsilon_inside_sqrt": True},
                                composed=self._fused_composed or _needs_composed(
                                    variable, bool(getattr(self, "_mesh", None)) or
                                    bool(getattr(self, "_run_with_dtensor", False))))
 
-
-def _dispatch_apply(*args, **kwargs):
-    from fusedopt.keras import _dispatch
-
-    return _dispatch.apply(*args, **kwargs)
