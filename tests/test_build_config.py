@@ -25,10 +25,14 @@ def read_sources():
     return namespace
 
 
+SOURCE_LISTS = ("CORE_HDRS", "GPU_HDRS", "GPU_CUDA_HDRS", "GPU_SRCS", "TF_HDRS", "TF_SRCS",
+                "PYBIND_HDRS", "PYBIND_SRCS", "PYBIND_CUDA_SRCS")
+
+
 def test_every_cc_file_is_in_the_one_source_list():
     lists = read_sources()
-    listed = [p for key in ("CORE_HDRS", "TF_HDRS", "TF_SRCS", "PYBIND_SRCS") for p in lists[key]]
-    on_disk = sorted(os.path.relpath(p, ROOT) for ext in ("h", "cc")
+    listed = [p for key in SOURCE_LISTS for p in lists[key]]
+    on_disk = sorted(os.path.relpath(p, ROOT) for ext in ("h", "cc", "cuh")
                      for p in glob.glob(os.path.join(ROOT, "cc", "**", f"*.{ext}"), recursive=True))
     assert sorted(listed) == on_disk
     assert len(set(listed)) == len(listed)
@@ -40,7 +44,7 @@ def test_both_builds_read_the_one_source_list():
     with open(os.path.join(ROOT, "setup.py")) as f:
         setup = f.read()
     assert 'load("//cc:sources.bzl"' in build
-    for key in ("CORE_HDRS", "TF_HDRS", "TF_SRCS", "PYBIND_SRCS"):
+    for key in SOURCE_LISTS:
         assert key in build and f'lists["{key}"]' in setup
     # Neither build may name a .cc file on its own.
     assert not re.search(r'"cc/[^"]+\.cc"', setup)
@@ -144,15 +148,20 @@ def test_missing_library_raises_import_error_with_build_command(tmp_path):
     assert _loader.REBUILD_COMMAND in result.stderr
 
 
-def test_demo_trains_and_reports_both_optimizers():
-    result = subprocess.run([sys.executable, "-m", "fusedopt.demo", "--quick"],
+@pytest.mark.parametrize("api,names", [
+    ("keras", ("fusedopt.keras LazyAdam", "keras Adam")),
+    ("ops", ("fusedopt LazyAdam", "tf.keras Adam")),
+])
+def test_demo_trains_and_reports_both_optimizers(api, names):
+    result = subprocess.run([sys.executable, "-m", "fusedopt.demo", "--quick", "--api", api],
                             capture_output=True, text=True, check=True,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
-    rows = dict(re.findall(r"^(fusedopt LazyAdam|tf.keras Adam)\s+([\d.]+\s+[\d.]+\s+[\d.]+)$",
-                           result.stdout, re.M))
-    assert set(rows) == {"fusedopt LazyAdam", "tf.keras Adam"}, result.stdout
+    pattern = r"^(%s)\s+([\d.]+\s+[\d.]+\s+[\d.]+)$" % "|".join(map(re.escape, names))
+    rows = dict(re.findall(pattern, result.stdout, re.M))
+    assert set(rows) == set(names), result.stdout
     for name, numbers in rows.items():
         first, final, step_ms = map(float, numbers.split())
+        assert abs(first - math.log(2)) < 0.01, (name, first)
         assert final < first - 0.005, (name, first, final)  # the loss falls
         assert step_ms > 0
 

@@ -5,8 +5,12 @@ ids looked up in a large embedding table (default 1M rows), averaged, and scored
 linear layer. Labels come from a hidden per-id score, so the loss can fall well below
 ln 2. The same model is trained twice from the same initial values: with fusedopt's
 fused LazyAdam (sparse update of the looked-up rows, dense update of the small layer)
-and with plain TensorFlow's Adam (``tf.keras.optimizers.Adam``), and the loss and the
-step time are printed side by side.
+and with plain TensorFlow's Adam, and the loss and the step time are printed side by side.
+
+Variants: the default is Keras ``model.fit`` with ``fusedopt.keras.LazyAdam`` vs
+``keras.optimizers.Adam``; ``--api ops`` is a custom training loop on fusedopt's raw ops
+vs ``tf.keras.optimizers.Adam``; ``--estimator N`` trains an Estimator replicated over N
+CPU towers (TF 2.15).
 
 ``--tf1 resource`` / ``--tf1 ref`` runs the TF1-style variant instead: the model in a
 ``tf.compat.v1`` graph with resource or ref variables, trained with ``session.run`` by
@@ -31,6 +35,10 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-baseline", action="store_true", help="skip plain TF's Adam")
     p.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    p.add_argument("--api", choices=["keras", "ops"], default="keras",
+                   help="keras (default): model.fit with fusedopt.keras.LazyAdam vs "
+                        "keras.optimizers.Adam; ops: a custom loop on fusedopt's raw ops vs "
+                        "tf.keras Adam")
     p.add_argument("--tf1", choices=["resource", "ref"],
                    help="TF1-style graph mode (tf.compat.v1 Session) with resource or ref "
                         "variables: fusedopt.compat.v1.LazyAdamOptimizer vs "
@@ -248,6 +256,59 @@ def estimator_contenders(tf, no_baseline):
     return graph_contenders(tf, no_baseline)
 
 
+def keras_fit(tf, args, name, make_optimizer):
+    """Keras variant: the model as Keras layers, trained by model.fit.
+
+    Returns (first loss, mean loss of the last tenth, median step seconds). Each "epoch" is a
+    tenth of the steps, so its reported loss is the mean over that window.
+    """
+    keras = tf.keras
+    init = keras.initializers.RandomNormal(0.0, 0.05, seed=args.seed)
+    ids = keras.Input((args.bag,), dtype="int64")
+    pooled = keras.layers.GlobalAveragePooling1D()(
+        keras.layers.Embedding(args.rows, args.dim, embeddings_initializer=init)(ids))
+    logits = keras.layers.Dense(1, kernel_initializer=init)(pooled)
+    model = keras.Model(ids, keras.layers.Reshape(())(logits))
+    model.compile(optimizer=make_optimizer(args.lr),
+                  loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    data = SyntheticClicks(args.rows, args.batch, args.bag, args.zipf, args.seed)
+    batches = [data.next() for _ in range(args.steps)]
+    first_loss = float(model.evaluate(*batches[0], batch_size=args.batch, verbose=0))
+    window = max(1, args.steps // 10)
+    seconds, losses = [], []
+
+    class Progress(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            seconds.append(time.perf_counter() - self.start)
+
+        def on_epoch_end(self, epoch, logs=None):
+            losses.append(logs["loss"])
+            print(f"  [{name}] step {(epoch + 1) * window:5d}/{args.steps}  loss "
+                  f"{logs['loss']:.4f}  step {1e3 * np.median(seconds[-window:]):.1f} ms",
+                  flush=True)
+
+    def stream():
+        for ids_batch, labels in batches:
+            yield ids_batch, labels
+    dataset = tf.data.Dataset.from_generator(stream, output_signature=(
+        tf.TensorSpec([args.batch, args.bag], tf.int64), tf.TensorSpec([args.batch], tf.float32)))
+    model.fit(dataset, epochs=args.steps // window, steps_per_epoch=window, verbose=0, shuffle=False,
+              callbacks=[Progress()])
+    return first_loss, float(losses[-1]), float(np.median(seconds[1:]))
+
+
+def keras_contenders(tf, no_baseline):
+    import fusedopt.keras as fk
+
+    contenders = [("fusedopt.keras LazyAdam", lambda lr: fk.LazyAdam(lr))]
+    if not no_baseline:
+        contenders.append(("keras Adam", lambda lr: tf.keras.optimizers.Adam(lr)))
+    return contenders
+
+
 def train(name, step, data, steps):
     """Runs `steps` steps; returns (mean loss of the last 10%, mean step seconds)."""
     losses, seconds = [], []
@@ -286,6 +347,9 @@ def main(argv=None):
                 data = SyntheticClicks(args.rows, args.batch, args.bag, args.zipf, args.seed)
                 results.append((name, *model.train_all(name, data, args.steps)))
         return report(results)
+    if args.api == "keras" and not args.tf1:
+        return report([(name, *keras_fit(tf, args, name, make))
+                       for name, make in keras_contenders(tf, args.no_baseline)])
     if args.tf1:
         contenders = graph_contenders(tf, args.no_baseline)
     else:
@@ -311,9 +375,9 @@ def main(argv=None):
 
 def report(results):
     """Prints the side-by-side table; `results` holds (name, first, final, step seconds)."""
-    print(f"\n{'optimizer':20s} {'first loss':>10s} {'final loss':>10s} {'step ms':>9s}")
+    print(f"\n{'optimizer':24s} {'first loss':>10s} {'final loss':>10s} {'step ms':>9s}")
     for name, first_loss, final_loss, step_seconds in results:
-        print(f"{name:20s} {first_loss:10.4f} {final_loss:10.4f} {1e3 * step_seconds:9.2f}")
+        print(f"{name:24s} {first_loss:10.4f} {final_loss:10.4f} {1e3 * step_seconds:9.2f}")
     if len(results) == 2:
         print(f"fusedopt step time: {results[1][3] / results[0][3]:.1f}x faster than "
               f"{results[1][0]}")
