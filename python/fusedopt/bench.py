@@ -14,6 +14,7 @@ Outputs: ``<out>/results.json``, ``<out>/benchmarks.png`` and the markdown repor
 (``--markdown``, e.g. BENCHMARKS.md).
 """
 import argparse
+import gc
 import json
 import os
 import platform
@@ -302,6 +303,8 @@ def scenario_sparse(tf, cfg, progress):
                 contenders["torch SparseAdam"] = (torch_make, "lazy")
         out[rule] = check_and_time(contenders, oracles, cfg["check_steps"], cfg["steps"],
                                    cfg["repeats"], progress, problem)
+        del contenders, oracles
+        gc.collect()
         unique = len(np.unique(problem.batches[0][0]))
         out[rule]["_meta"] = {"unique_ids_per_step": unique}
     return out
@@ -412,6 +415,8 @@ def scenario_dense(tf, cfg, progress):
             row["GB_per_s"] = bytes_per_step / (row["median_ms"] / 1e3) / 1e9
         rows["_meta"] = {"bytes_per_step": bytes_per_step}
         out[rule] = rows
+        del contenders, oracles
+        gc.collect()
     return out
 
 
@@ -455,11 +460,17 @@ def scenario_bandwidth(tf, cfg, progress, dense_results):
     n = cfg["dense_params"]
     src = np.ones(n, np.float32)
     dst = np.empty_like(src)
-    a, b = tf.Variable(tf.ones([n])), tf.Variable(tf.zeros([n]))
-    copy_tf = quiet_function(tf, lambda: b.assign(a * 1.0))  # multi-threaded Eigen read+write
+    a, b = tf.constant(src), tf.constant(np.full(n, 2, np.float32))
+    # Triad on TF's thread pool. Its result is a fresh buffer that must be computed (an
+    # assign of an existing tensor may only alias it and move no bytes).
+    triad_tf = tf.function(lambda: tf.reduce_sum((a + 3.0 * b)[:1]))
+
+    def triad_np():
+        np.add(src, np.multiply(dst, 3.0, out=dst), out=dst)
     results = {}
     for name, fn, bytes_moved in [("numpy copy (1 thread)", lambda: np.copyto(dst, src), 8 * n),
-                                  ("TF assign(a*1) (pool)", copy_tf, 8 * n)]:
+                                  ("numpy triad (1 thread)", triad_np, 12 * n),
+                                  ("TF triad (pool)", triad_tf, 12 * n)]:
         fn()
         ts = []
         for _ in range(cfg["repeats"] * 3):
@@ -546,7 +557,9 @@ def aims(results):
 
 def markdown(results, command):
     env = results["environment"]
-    lines = [f"Command: `{command}`  ", f"Date: {env['date']}; machine: {env['machine']}; "
+    load = ", ".join(f"{x:.1f}" for x in env["load_average_at_start"])
+    lines = [f"Command: `{command}`  ", f"Date: {env['date']}; machine: {env['machine']} "
+             f"(load average at start: {load}); "
              f"TF {env['tensorflow']}; tf.keras = Keras {env['keras']}; torch {env['torch']}; threads pinned to {THREADS} "
              "(TF intra-op, torch, fusedopt._core); inter-op 1.", ""]
     for title, block in [("Sparse embedding step", results["sparse"]), ("Dense step", results["dense"])]:
@@ -656,15 +669,22 @@ def main(argv=None):
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "tensorflow": tf.__version__, "keras": getattr(tf.keras, "__version__", None) or
         __import__("keras").__version__, "torch": torch.__version__ if torch else None,
-        "python": sys.version.split()[0], "quick": args.quick, "config": cfg}}
-    results["sparse"] = scenario_sparse(tf, cfg, progress)
-    results["dense"] = scenario_dense(tf, cfg, progress)
-    results["scaling"] = scenario_scaling(tf, cfg, progress)
-    results["bandwidth"] = scenario_bandwidth(tf, cfg, progress, results["dense"])
-    results["many_small"] = scenario_many_small(tf, cfg, progress)
+        "python": sys.version.split()[0], "quick": args.quick, "config": cfg,
+        "load_average_at_start": os.getloadavg()}}
+    def save():  # after every scenario, so a late failure keeps what was measured
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump(results, f, indent=1, default=str)
+
+    for key, run in [("sparse", lambda: scenario_sparse(tf, cfg, progress)),
+                     ("dense", lambda: scenario_dense(tf, cfg, progress)),
+                     ("scaling", lambda: scenario_scaling(tf, cfg, progress)),
+                     ("bandwidth", lambda: scenario_bandwidth(tf, cfg, progress, results["dense"])),
+                     ("many_small", lambda: scenario_many_small(tf, cfg, progress))]:
+        results[key] = run()
+        gc.collect()  # the previous scenario's variables (GBs at full size)
+        save()
     results["aims"] = aims(results)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1, default=str)
+    save()
     plotted = plot(results, os.path.join(args.out, "benchmarks.png"))
     command = "python -m fusedopt.bench " + " ".join(argv if argv is not None else sys.argv[1:])
     report = markdown(results, command.strip())
