@@ -1,0 +1,139 @@
+"""A ``tf.distribute.Server`` with fusedopt's op library loaded.
+
+Under ``tf.distribute.ParameterServerStrategy`` an optimizer's update ops run where the
+variables live: on the parameter servers. A server process can only run (and a worker only
+place) an op whose kernel is registered in it, so every ``ps`` and ``worker`` task of a
+cluster trained with fusedopt must load the op library first. This module does that, then
+starts a standard TensorFlow gRPC server and serves until killed::
+
+    python -m fusedopt.server --cluster_spec '{"ps": ["127.0.0.1:2222", "127.0.0.1:2223"],
+        "worker": ["127.0.0.1:2224", "127.0.0.1:2225"], "chief": ["127.0.0.1:2226"]}' \
+        --job_name ps --task_index 0
+    TF_CONFIG='{"cluster": {...}, "task": {"type": "worker", "index": 1}}' python -m fusedopt.server
+
+Flags (each falls back to ``TF_CONFIG`` when not given):
+  --cluster_spec JSON      job name -> list of "host:port" (TF_CONFIG["cluster"])
+  --job_name NAME          this task's job, e.g. ps or worker (TF_CONFIG["task"]["type"])
+  --task_index N           this task's index in its job (TF_CONFIG["task"]["index"])
+  --protocol grpc          server protocol (default grpc)
+  --log_device_placement   log (stderr) the device of every op of each function this task
+                           places: a ps task logs the update ops of its variables,
+                           a worker the whole step it runs (TF's placer, VLOG 1)
+  --ready_file PATH        write this file (JSON: job, task, target, library) once serving
+
+The library is found as ``fusedopt.ops`` finds it (``$FUSEDOPT_OPS_LIBRARY`` or the one in
+the package). Exit status 2 on bad flags, 1 when the library does not load.
+"""
+import argparse
+import json
+import os
+import sys
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m fusedopt.server",
+        description="Start a tf.distribute.Server with fusedopt's op library loaded "
+                    "(for the ps and worker tasks of a tf.distribute cluster).")
+    parser.add_argument("--cluster_spec", help='JSON: {"ps": ["host:port", ...], ...} '
+                        '(default: TF_CONFIG["cluster"])')
+    parser.add_argument("--job_name", help='this task\'s job (default: TF_CONFIG["task"]["type"])')
+    parser.add_argument("--task_index", type=int,
+                        help='this task\'s index (default: TF_CONFIG["task"]["index"])')
+    parser.add_argument("--protocol", default="grpc")
+    parser.add_argument("--log_device_placement", action="store_true",
+                        help="log (stderr) the device of every op this task places")
+    parser.add_argument("--ready_file", help="write this file once the server is serving")
+    return parser.parse_args(argv)
+
+
+def resolve(args, environ=None):
+    """(cluster dict, job_name, task_index) from the flags, falling back to TF_CONFIG."""
+    environ = os.environ if environ is None else environ
+    tf_config = {}
+    if environ.get("TF_CONFIG"):
+        try:
+            tf_config = json.loads(environ["TF_CONFIG"])
+        except ValueError as e:
+            raise ValueError("TF_CONFIG is not valid JSON: %s" % e) from e
+    task = tf_config.get("task", {})
+    if args.cluster_spec:
+        try:
+            cluster = json.loads(args.cluster_spec)
+        except ValueError as e:
+            raise ValueError("--cluster_spec is not valid JSON: %s" % e) from e
+    else:
+        cluster = tf_config.get("cluster")
+    job = args.job_name if args.job_name is not None else task.get("type")
+    index = args.task_index if args.task_index is not None else task.get("index")
+    if not cluster or not isinstance(cluster, dict):
+        raise ValueError("no cluster: pass --cluster_spec JSON or set TF_CONFIG")
+    if job is None or index is None:
+        raise ValueError("pass --job_name and --task_index (or TF_CONFIG's task)")
+    index = int(index)
+    if job not in cluster:
+        raise ValueError("job %r is not in the cluster %s" % (job, sorted(cluster)))
+    if not 0 <= index < len(cluster[job]):
+        raise ValueError("task_index %d out of range for job %r (%d tasks)"
+                         % (index, job, len(cluster[job])))
+    return cluster, job, index
+
+
+def enable_placement_log(environ=None):
+    """Make TF's placer log every placement (must run before TensorFlow is imported).
+
+    Functions sent by a ``ClusterCoordinator`` run in remote eager contexts, which ignore
+    a server's ``ConfigProto.log_device_placement``; the placer's VLOG(1) covers them.
+    """
+    environ = os.environ if environ is None else environ
+    vmodule = [m for m in environ.get("TF_CPP_VMODULE", "").split(",") if m]
+    environ["TF_CPP_VMODULE"] = ",".join(vmodule + ["placer=1"])
+    environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
+
+
+def start(cluster, job_name, task_index, protocol="grpc"):
+    """Loads the op library, then starts and returns the ``tf.distribute.Server``."""
+    import tensorflow as tf
+
+    from fusedopt import ops
+
+    ops.load_library()
+    return tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=job_name,
+                                task_index=task_index, protocol=protocol, start=True)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        cluster, job, index = resolve(args)
+    except ValueError as e:
+        print("fusedopt.server: %s" % e, file=sys.stderr)
+        return 2
+    if args.log_device_placement:
+        if "tensorflow" in sys.modules:
+            print("fusedopt.server: --log_device_placement must be set before TensorFlow "
+                  "is imported", file=sys.stderr)
+            return 2
+        enable_placement_log()
+    try:
+        server = start(cluster, job, index, args.protocol)
+    except ImportError as e:
+        print("fusedopt.server: cannot load the op library: %s" % e, file=sys.stderr)
+        return 1
+    from fusedopt import _loader
+
+    info = dict(job=job, task=index, target=server.target, library=_loader.library_path(),
+                pid=os.getpid())
+    print("fusedopt.server: serving /job:%s/task:%d at %s (ops from %s)"
+          % (job, index, server.target, info["library"]), flush=True)
+    if args.ready_file:
+        tmp = args.ready_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(info, f)
+        os.replace(tmp, args.ready_file)
+    server.join()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
