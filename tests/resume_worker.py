@@ -229,12 +229,13 @@ def run_keras(phase, ckpt_dir, first, last):
             model.train_on_batch(x, y)
         if phase == "start" and path:
             model.save(path)
-        for v in model.weights:
-            values["%s/model/%s" % (rule, v.path if hasattr(v, "path") else v.name)] = (
-                np.asarray(v.numpy()))
-        for v in model.optimizer.variables:
-            name = v.path if hasattr(v, "path") else v.name
-            values["%s/opt/%s" % (rule, name)] = np.asarray(v.numpy())
+        # By position: Keras 2 names optimizer variables differently after load_model.
+        for i, v in enumerate(model.weights):
+            values["%s/model/%d" % (rule, i)] = np.asarray(v.numpy())
+        opt_vars = model.optimizer.variables
+        opt_vars = opt_vars() if callable(opt_vars) else opt_vars
+        for i, v in enumerate(opt_vars):
+            values["%s/opt/%d" % (rule, i)] = np.asarray(v.numpy())
     return values
 
 
