@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine (this is what .ci/run calls):
-#   1. TF 2.21 (Keras 3, tf_keras): built with pip (setup.py), full pytest suite.
+#   1. TF 2.21 (Keras 3, tf_keras): built with pip (setup.py), full pytest suite; then an
+#      ASan+UBSan build of the op library and pybind11 module runs the op tests.
 #   2. TF 2.15 (+ Estimator): built with Bazel, full pytest suite against that build,
 #      then `bazel test //...`.
+#   3. Each TensorFlow refuses the other's op library with a clear ImportError.
+# Tests marked `large` (rows past 2^31 elements, ~9 GB) are opt-in:
+#   FUSEDOPT_LARGE_TESTS=1 python -m pytest -m large tests
 # Exits non-zero as soon as anything fails.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -20,7 +24,9 @@ section "TF 2.21: pip build"
 tools/build_pip.sh "$py221"
 section "TF 2.21: tests"
 (cd tests && "$py221" -m fusedopt.info)
-"$py221" -m pytest -q -p no:cacheprovider tests
+"$py221" -m pytest -q -p no:cacheprovider -m "not large" tests
+section "TF 2.21: ASan + UBSan build, op tests"
+tools/sanitize.sh "$py221" tests/test_ops.py tests/test_errors.py tests/test_core.py
 
 section "TF 2.15: environment"
 py215=$(tools/setup_env.sh 2.15)
@@ -28,8 +34,13 @@ section "TF 2.15: Bazel build"
 pkg=$(tools/bazel_build.sh "$py215" | tail -n 1)
 section "TF 2.15: tests against the Bazel build"
 (cd tests && PYTHONPATH="$(dirname "$pkg")" "$py215" -m fusedopt.info)
-PYTHONPATH="$(dirname "$pkg")" "$py215" -m pytest -q -p no:cacheprovider tests
+PYTHONPATH="$(dirname "$pkg")" "$py215" -m pytest -q -p no:cacheprovider -m "not large" tests
 section "TF 2.15: bazel test //..."
 tools/bazel_test.sh "$py215"
+
+section "wrong-version library: each TensorFlow refuses the other's build"
+lib221=$("$py221" -c "from fusedopt import _loader; print(_loader.library_path())")
+tools/check_foreign_library.sh "$py215" "$lib221"
+tools/check_foreign_library.sh "$py221" "$pkg/_fusedopt_ops.so"
 
 section "all passed"
