@@ -6,11 +6,18 @@
 Both compile the files listed in ``cc/sources.bzl``, the list Bazel uses too.
 Environment: ``FUSEDOPT_WERROR=1`` turns our own warnings into errors (CI);
 ``FUSEDOPT_JOBS`` caps parallel compiles (default: 2).
+
+``FUSEDOPT_CUDA=1`` adds the CUDA kernels: nvcc (``$FUSEDOPT_NVCC``, else ``nvcc`` on PATH)
+compiles ``GPU_SRCS`` for sm_80, sm_90 and compute_90 PTX, the op library registers GPU
+kernels too (inert without a GPU: the library still loads in tensorflow-cpu), cudart is
+linked statically (no libcudart.so dependency), and ``fusedopt._core_cuda`` (the CUDA
+engine on device arrays) is built as well.
 """
 import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +30,43 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 OPS_EXT = "fusedopt._fusedopt_ops"
 WARNINGS = ["-Wall", "-Wextra"] + (["-Werror"] if os.environ.get("FUSEDOPT_WERROR") == "1" else [])
 OPT = ["-O3", "-fno-math-errno"]
+CUDA = os.environ.get("FUSEDOPT_CUDA") == "1"
+CUDA_EXT = "fusedopt._core_cuda"
+CUDA_ARCHS = ["sm_80", "sm_90", "compute_90"]
+# --fmad=false: no multiply-add contraction, so float/double equal the CPU engine bit for
+# bit (CUDA's default IEEE sqrt and division stay on; never --use_fast_math).
+NVCC_FLAGS = ["-DGOOGLE_CUDA=1", "-x", "cu", "--expt-relaxed-constexpr", "-std=c++17", "-O3",
+              "--fmad=false",
+              "-gencode", "arch=compute_80,code=sm_80",
+              "-gencode", "arch=compute_90,code=sm_90",
+              "-gencode", "arch=compute_90,code=compute_90",
+              "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden"]
+
+
+def nvcc_path():
+    nvcc = os.environ.get("FUSEDOPT_NVCC") or shutil.which("nvcc")
+    if not nvcc:
+        sys.exit("FUSEDOPT_CUDA=1 needs nvcc on PATH (or FUSEDOPT_NVCC=/path/to/nvcc)")
+    return nvcc
+
+
+def cuda_root(nvcc):
+    """$CUDA_HOME, else the toolkit nvcc itself reports (nvcc may be a wrapper script)."""
+    if os.environ.get("CUDA_HOME"):
+        return os.environ["CUDA_HOME"]
+    dry = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                         capture_output=True, text=True)
+    top = re.search(r"^#\$ TOP=(.*)$", dry.stdout + dry.stderr, re.M)
+    if top:
+        return os.path.normpath(top.group(1).strip())
+    return os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+
+
+def cudart_link_flags(nvcc):
+    # Static cudart, kept private to our .so (--exclude-libs), placed BEFORE TF's link
+    # flags: libtensorflow_framework exports cudart stubs that would otherwise win.
+    static = os.path.join(cuda_root(nvcc), "lib64", "libcudart_static.a")
+    return [static, "-ldl", "-lrt", "-lpthread", "-Wl,--exclude-libs,libcudart_static.a"]
 
 
 def project_version():
@@ -50,7 +94,21 @@ def compiler_version(cxx):
     return subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
 
 
+def nvcc_version(nvcc):
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    return next((line for line in out.splitlines() if "release" in line), out.strip())
+
+
 class BuildFusedOpt(build_ext):
+    def run(self):
+        if not CUDA:
+            # An earlier FUSEDOPT_CUDA=1 build in this tree left _core_cuda in build/lib (or the
+            # package dir): a CPU build must not ship it.
+            stale = self.get_ext_fullpath(CUDA_EXT)
+            if os.path.exists(stale):
+                os.remove(stale)
+        super().run()
+
     def get_ext_filename(self, fullname):
         # A TF op library, not a Python extension module: no ABI suffix. setuptools
         # asks with the full dotted name or (editable installs) the last part only.
@@ -66,28 +124,60 @@ class BuildFusedOpt(build_ext):
         if built and os.path.exists(built):
             self.copy_file(built, os.path.join(ROOT, "python", "fusedopt", "_build_info.json"))
 
+    def compile_gpu_objects(self, jobs):
+        """nvcc objects of GPU_SRCS (once; shared by the op library and _core_cuda)."""
+        if getattr(self, "_gpu_objects", None) is None:
+            nvcc = nvcc_path()
+            obj_dir = os.path.join(self.build_temp, "gpu")
+            os.makedirs(obj_dir, exist_ok=True)
+
+            def compile_one(src):
+                obj = os.path.join(obj_dir, os.path.basename(src) + ".o")
+                run([nvcc, *NVCC_FLAGS, "-I", ROOT, "-c", os.path.join(ROOT, src), "-o", obj])
+                return obj
+
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                self._gpu_objects = list(pool.map(compile_one, lists["GPU_SRCS"]))
+        return self._gpu_objects
+
     def build_extension(self, ext):
+        jobs = int(os.environ.get("FUSEDOPT_JOBS", "2"))
+        if ext.name == CUDA_EXT:
+            nvcc = nvcc_path()
+            cudart, *system_libs = cudart_link_flags(nvcc)
+            ext.extra_objects = [*self.compile_gpu_objects(jobs), cudart]
+            ext.extra_link_args = [*ext.extra_link_args, *system_libs]
+            # cuda_runtime.h for cudaMallocAsync & co.; a system header (no -Werror noise).
+            ext.extra_compile_args = [*ext.extra_compile_args,
+                                      "-isystem", os.path.join(cuda_root(nvcc), "include")]
+            return super().build_extension(ext)
         if ext.name != OPS_EXT:
             return super().build_extension(ext)
         cxx = os.environ.get("CXX", "g++")
         tf_version, tf_compile, tf_link = tensorflow_flags()
         out = self.get_ext_fullpath(ext.name)
-        obj_dir = os.path.join(self.build_temp, "ops")
+        obj_dir = os.path.join(self.build_temp, "ops_cuda" if CUDA else "ops")
         os.makedirs(obj_dir, exist_ok=True)
         os.makedirs(os.path.dirname(out), exist_ok=True)
         flags = ["-std=c++17", "-fPIC", *OPT, *WARNINGS, "-I", ROOT, *tf_compile]
+        if CUDA:
+            flags.append("-DFUSEDOPT_CUDA=1")  # GPU registrations (host code: no CUDA headers)
 
         def compile_one(src):
             obj = os.path.join(obj_dir, os.path.basename(src) + ".o")
             run([cxx, *flags, "-c", os.path.join(ROOT, src), "-o", obj])
             return obj
 
-        jobs = int(os.environ.get("FUSEDOPT_JOBS", "2"))
+        gpu_objects, gpu_link = [], []
+        if CUDA:
+            gpu_objects = self.compile_gpu_objects(jobs)
+            gpu_link = cudart_link_flags(nvcc_path())
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             objects = list(pool.map(compile_one, ext.sources))
-        run([cxx, "-shared", *objects, "-o", out, *tf_link])
+        run([cxx, "-shared", *objects, *gpu_objects, "-o", out, *gpu_link, *tf_link])
         self._build_info_path = write_build_info(
-            os.path.dirname(out), tf_version, "setuptools", compiler_version(cxx))
+            os.path.dirname(out), tf_version, "setuptools", compiler_version(cxx),
+            cuda=nvcc_version(nvcc_path()) if CUDA else None)
 
 
 def run(cmd):
@@ -95,14 +185,17 @@ def run(cmd):
     subprocess.run(cmd, check=True)
 
 
-def write_build_info(package_dir, tf_version, build_system, compiler):
+def write_build_info(package_dir, tf_version, build_system, compiler, cuda=None):
     info = {
         "fusedopt_version": project_version(),
         "tensorflow_version": tf_version,
         "build_system": build_system,
         "compiler": compiler,
-        "cuda": False,
+        "cuda": bool(cuda),
     }
+    if cuda:
+        info["cuda_archs"] = CUDA_ARCHS
+        info["nvcc"] = cuda
     path = os.path.join(package_dir, "_build_info.json")
     with open(path, "w") as f:
         json.dump(info, f, indent=1)
@@ -110,17 +203,26 @@ def write_build_info(package_dir, tf_version, build_system, compiler):
 
 
 lists = sources()
-setup(
-    ext_modules=[
-        Extension(OPS_EXT, sources=lists["TF_SRCS"], depends=lists["CORE_HDRS"] + lists["TF_HDRS"]),
-        Pybind11Extension(
-            "fusedopt._core",
-            sources=lists["PYBIND_SRCS"],
-            include_dirs=[ROOT],
-            depends=lists["CORE_HDRS"],
-            cxx_std=20,  # templated lambdas for dtype dispatch
-            extra_compile_args=[*OPT, *WARNINGS],
-        ),
-    ],
-    cmdclass={"build_ext": BuildFusedOpt},
-)
+gpu_depends = lists["GPU_HDRS"] + lists["GPU_CUDA_HDRS"] + lists["GPU_SRCS"]
+extensions = [
+    Extension(OPS_EXT, sources=lists["TF_SRCS"],
+              depends=lists["CORE_HDRS"] + lists["TF_HDRS"] + (gpu_depends if CUDA else [])),
+    Pybind11Extension(
+        "fusedopt._core",
+        sources=lists["PYBIND_SRCS"],
+        include_dirs=[ROOT],
+        depends=lists["CORE_HDRS"] + lists["PYBIND_HDRS"],
+        cxx_std=20,  # templated lambdas for dtype dispatch
+        extra_compile_args=[*OPT, *WARNINGS],
+    ),
+]
+if CUDA:
+    extensions.append(Pybind11Extension(
+        CUDA_EXT,
+        sources=lists["PYBIND_CUDA_SRCS"],
+        include_dirs=[ROOT],
+        depends=lists["CORE_HDRS"] + lists["PYBIND_HDRS"] + gpu_depends,
+        cxx_std=20,
+        extra_compile_args=[*OPT, *WARNINGS],
+    ))
+setup(ext_modules=extensions, cmdclass={"build_ext": BuildFusedOpt})

@@ -17,10 +17,25 @@ CORE_HDRS = [
     "cc/core/rules/all_rules.h",
 ]
 
+# Layer 1, CUDA (opt-in: FUSEDOPT_CUDA=1 pip install / bazel --config=cuda). TF-free: the
+# same rules as CUDA kernels. GPU_HDRS are host-includable; GPU_CUDA_HDRS nvcc-only.
+# GPU_SRCS are compiled by nvcc (all rules in one file + the rule-independent CUB part).
+GPU_HDRS = [
+    "cc/core/gpu/engine_gpu.h",
+]
+GPU_CUDA_HDRS = [
+    "cc/core/gpu/gpu_common.cuh",
+]
+GPU_SRCS = [
+    "cc/core/gpu/engine_gpu.cu.cc",
+    "cc/core/gpu/coalesce_gpu.cu.cc",
+]
+
 # Layer 2: TensorFlow binding. One registration file per optimizer.
 TF_HDRS = [
     "cc/tf/op_defs.h",
     "cc/tf/kernels.h",
+    "cc/tf/gpu_variables.h",  # used only with FUSEDOPT_CUDA
 ]
 TF_SRCS = [
     "cc/tf/lazy_adam.cc",
@@ -29,6 +44,14 @@ TF_SRCS = [
 ]
 
 # Layer 3: pybind11 module fusedopt._core over the same core.
+PYBIND_HDRS = [
+    "cc/pybind/common.h",
+]
 PYBIND_SRCS = [
     "cc/pybind/core_module.cc",
+]
+
+# fusedopt._core_cuda: the CUDA engine on device arrays (CUDA builds and tools/gpu_check.sh).
+PYBIND_CUDA_SRCS = [
+    "cc/pybind/core_cuda_module.cc",
 ]

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine (this is what .ci/run calls):
-#   1. TF 2.21 (Keras 3, tf_keras): built with pip (setup.py), full pytest suite; then an
-#      ASan+UBSan build of the op library and pybind11 module runs the op tests.
+#   1. TF 2.21 (Keras 3, tf_keras): built with pip (setup.py), full pytest suite; the CUDA
+#      variant built too (nvcc, no GPU needed) and the CPU op tests run against it; the
+#      GPU harness builds and reports "no GPU: skipped"; an ASan+UBSan build of the op
+#      library and pybind11 module runs the op tests.
 #   2. TF 2.15 (+ Estimator): built with Bazel, full pytest suite against that build,
 #      then `bazel test //...`.
 #   3. Each TensorFlow refuses the other's op library with a clear ImportError.
@@ -22,9 +24,19 @@ section "TF 2.21: environment"
 py221=$(tools/setup_env.sh 2.21)
 section "TF 2.21: pip build"
 tools/build_pip.sh "$py221"
+section "TF 2.21: CUDA build (nvcc; no GPU needed: compile + link only)"
+cuda_pkg=$root/build/cuda-pkg
+rm -rf "$cuda_pkg"
+FUSEDOPT_CUDA=1 FUSEDOPT_WERROR=1 "$py221" -m pip install -q --disable-pip-version-check \
+  --no-build-isolation --no-deps --target "$cuda_pkg" .
 section "TF 2.21: tests"
 (cd tests && "$py221" -m fusedopt.info)
-"$py221" -m pytest -q -p no:cacheprovider -m "not large" tests
+FUSEDOPT_CUDA_PKG="$cuda_pkg" "$py221" -m pytest -q -p no:cacheprovider -m "not large" tests
+section "TF 2.21: CPU op tests against the CUDA build (CPU-only TF: GPU kernels inert)"
+(cd tests && PYTHONPATH="$cuda_pkg" "$py221" -m fusedopt.info)
+PYTHONPATH="$cuda_pkg" "$py221" -m pytest -q -p no:cacheprovider tests/test_ops.py tests/test_errors.py
+section "GPU harness (tools/gpu_check.sh: builds, skips without a GPU)"
+tools/gpu_check.sh "$py221"
 section "TF 2.21: ASan + UBSan build, op tests"
 tools/sanitize.sh "$py221" tests/test_ops.py tests/test_errors.py tests/test_core.py
 

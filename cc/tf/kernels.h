@@ -2,6 +2,12 @@
 // ref vs resource variables, locking (use_locking), copy-on-write/read, dtype and
 // shape validation and the thread pool; then it hands raw buffers to the core
 // engine. Everything that can reject the call runs before the first write.
+//
+// Built with FUSEDOPT_CUDA (FUSEDOPT_CUDA=1 pip install / bazel --config=cuda), the same
+// kernel is also registered for DEVICE_GPU with Device = GpuDeviceTag: variables are
+// accessed through gpu_variables.h (no TF GPU functors, so the library still loads in
+// tensorflow-cpu), hyper-parameters arrive in host memory, and the core's CUDA engine
+// runs on the op's stream.
 #ifndef FUSEDOPT_CC_TF_KERNELS_H_
 #define FUSEDOPT_CC_TF_KERNELS_H_
 
@@ -11,6 +17,7 @@
 #include <array>
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cc/core/engine.h"
@@ -21,6 +28,10 @@
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/kernels/training_op_helpers.h"
 #include "tensorflow/core/util/work_sharder.h"
+#ifdef FUSEDOPT_CUDA
+#include "cc/core/gpu/engine_gpu.h"
+#include "cc/tf/gpu_variables.h"
+#endif
 
 namespace fusedopt {
 namespace tf {
@@ -68,6 +79,11 @@ class FusedApplyOp : public ::tensorflow::OpKernel {
   static constexpr int kHyper = NumHyper<Rule>();
   static constexpr int kGradInput = 1 + kSlots + kHyper;
   static constexpr bool kSparse = IsSparse(kVariant);
+#ifdef FUSEDOPT_CUDA
+  static constexpr bool kGpu = std::is_same_v<Device, GpuDeviceTag>;
+#else
+  static constexpr bool kGpu = false;
+#endif
   using Storage = typename StorageOf<T>::type;
 
  public:
@@ -91,16 +107,14 @@ class FusedApplyOp : public ::tensorflow::OpKernel {
     }
     std::vector<int> state_inputs(1 + kSlots);
     std::iota(state_inputs.begin(), state_inputs.end(), 0);
-    auto locks = ::tensorflow::MaybeLockVariableInputMutexesInOrder<Device, T>(
-        ctx, use_exclusive_lock_, kSparse, state_inputs);
+    auto locks = LockVariables(ctx, state_inputs);
 
     // state[0] is var, state[1..] the slots.
     std::array<::tensorflow::Tensor, 1 + kSlots> state;
     std::array<Shape, 1 + kSlots> state_shapes;
     for (int i = 0; i <= kSlots; ++i) {
       const char* name = i == 0 ? "var" : Rule::kSlots[i - 1];
-      absl::Status status = ::tensorflow::GetInputTensorFromVariable<Device, T>(
-          ctx, i, use_exclusive_lock_, kSparse, &state[i]);
+      absl::Status status = GetVariable(ctx, i, &state[i]);
       OP_REQUIRES(ctx, status.ok() && state[i].IsInitialized(), UninitializedError(ctx, i, status));
       OP_REQUIRES(ctx, state[i].dtype() == ::tensorflow::DataTypeToEnum<T>::value,
                   absl::InvalidArgumentError(
@@ -133,25 +147,75 @@ class FusedApplyOp : public ::tensorflow::OpKernel {
     std::array<Storage*, kSlots> slots;
     for (int k = 0; k < kSlots; ++k) slots[k] = Data(state[k + 1]);
     const Storage* grad_data = reinterpret_cast<const Storage*>(grad.tensor_data().data());
-    TfCpuExecutor executor(ctx);
-    if constexpr (kSparse) {
-      const ::tensorflow::Tensor& indices = ctx->input(kGradInput + 1);
-      const int64_t num_rows = state[0].dim_size(0);
-      const int64_t row_size = num_rows == 0 ? 0 : state[0].NumElements() / num_rows;
-      // ApplySparse checks every index before it writes anything.
-      error = ApplySparse<Rule, Storage, Index>(params, var, slots.data(), num_rows, row_size,
-                                                grad_data, indices.flat<Index>().data(),
-                                                indices.NumElements(), executor);
-      OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(error));
-    } else {
-      ApplyDense<Rule, Storage>(params, var, slots.data(), grad_data, state[0].NumElements(),
-                                executor);
+#ifdef FUSEDOPT_CUDA
+    if constexpr (kGpu) {
+      const gpu::Stream stream = GpuStreamOf(ctx);
+      OP_REQUIRES(ctx, stream != nullptr, absl::InternalError("fusedopt: no GPU stream"));
+      gpu::Status status;
+      if constexpr (kSparse) {
+        const ::tensorflow::Tensor& indices = ctx->input(kGradInput + 1);
+        const int64_t num_rows = state[0].dim_size(0);
+        const int64_t row_size = num_rows == 0 ? 0 : state[0].NumElements() / num_rows;
+        TfGpuTempAllocator allocator(ctx);
+        // Checks every index (the one sync) before it writes anything.
+        status = gpu::ApplySparse<Rule, Storage, Index>(
+            params, var, slots.data(), num_rows, row_size, grad_data,
+            reinterpret_cast<const Index*>(indices.tensor_data().data()), indices.NumElements(),
+            allocator, stream);
+      } else {
+        status = gpu::ApplyDense<Rule, Storage>(params, var, slots.data(), grad_data,
+                                                state[0].NumElements(), stream);
+      }
+      OP_REQUIRES(ctx, status.ok(), ToAbsl(status));
+    } else  // NOLINT: the CPU engine is not instantiated for the GPU tag
+#endif
+    {
+      TfCpuExecutor executor(ctx);
+      if constexpr (kSparse) {
+        const ::tensorflow::Tensor& indices = ctx->input(kGradInput + 1);
+        const int64_t num_rows = state[0].dim_size(0);
+        const int64_t row_size = num_rows == 0 ? 0 : state[0].NumElements() / num_rows;
+        // ApplySparse checks every index before it writes anything.
+        error = ApplySparse<Rule, Storage, Index>(params, var, slots.data(), num_rows, row_size,
+                                                  grad_data, indices.flat<Index>().data(),
+                                                  indices.NumElements(), executor);
+        OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(error));
+      } else {
+        ApplyDense<Rule, Storage>(params, var, slots.data(), grad_data, state[0].NumElements(),
+                                  executor);
+      }
     }
     // Local equivalent of MaybeForwardRefInputToRefOutput (not exported on TF 2.15).
     if (!IsResource(kVariant)) ctx->forward_ref_input_to_ref_output(0, 0);
   }
 
  private:
+  ::tensorflow::VariableInputLockHolder LockVariables(::tensorflow::OpKernelContext* ctx,
+                                                      const std::vector<int>& inputs) {
+#ifdef FUSEDOPT_CUDA
+    if constexpr (kGpu) {
+      return MaybeLockVariableInputMutexesInOrderGpu<T>(ctx, use_exclusive_lock_, kSparse, inputs);
+    } else  // NOLINT: the CPU helpers must not be instantiated for the GPU tag
+#endif
+    {
+      return ::tensorflow::MaybeLockVariableInputMutexesInOrder<Device, T>(
+          ctx, use_exclusive_lock_, kSparse, inputs);
+    }
+  }
+
+  absl::Status GetVariable(::tensorflow::OpKernelContext* ctx, int input,
+                           ::tensorflow::Tensor* out) {
+#ifdef FUSEDOPT_CUDA
+    if constexpr (kGpu) {
+      return GetInputTensorFromVariableGpu(ctx, input, use_exclusive_lock_, kSparse, out);
+    } else  // NOLINT
+#endif
+    {
+      return ::tensorflow::GetInputTensorFromVariable<Device, T>(ctx, input, use_exclusive_lock_,
+                                                                 kSparse, out);
+    }
+  }
+
   static absl::Status UninitializedError(::tensorflow::OpKernelContext* ctx, int input,
                                          const absl::Status& cause) {
     return absl::FailedPreconditionError(
@@ -170,12 +234,15 @@ class FusedApplyOp : public ::tensorflow::OpKernel {
 };
 
 // Registers one kernel for op `op` on `device` with the given type constraints.
+// On GPU the scalar hyper-parameters are host-memory inputs (read once by Prepare()).
 template <typename Kernel>
 void RegisterKernel(const std::string& op, const char* device, ::tensorflow::DataType type,
-                    ::tensorflow::DataType index_type, bool sparse) {
+                    ::tensorflow::DataType index_type, bool sparse,
+                    const std::vector<const char*>& host_memory_inputs) {
   ::tensorflow::KernelDefBuilder builder(op.c_str());
   builder.Device(device).TypeConstraint("T", type);
   if (sparse) builder.TypeConstraint("Tindices", index_type);
+  for (const char* input : host_memory_inputs) builder.HostMemory(input);
   // The registrar's constructor does the registration; the object itself is inert.
   ::tensorflow::kernel_factory::OpKernelRegistrar(
       builder.Build(), "fusedopt::tf::FusedApplyOp",
@@ -190,21 +257,26 @@ void RegisterKernelsForType(const char* device) {
   const auto type = DataTypeToEnum<T>::value;
   const auto i32 = ::tensorflow::DT_INT32, i64 = ::tensorflow::DT_INT64;
   const char* name = Rule::kOpName;
+  std::vector<const char*> host;
+  if (std::string(device) != ::tensorflow::DEVICE_CPU) {
+    host.assign(Rule::kHyper.begin(), Rule::kHyper.end());
+  }
   RegisterKernel<FusedApplyOp<Device, T, Rule, Variant::kApply, int32_t>>(
-      OpName(name, Variant::kApply), device, type, i32, false);
+      OpName(name, Variant::kApply), device, type, i32, false, host);
   RegisterKernel<FusedApplyOp<Device, T, Rule, Variant::kResourceApply, int32_t>>(
-      OpName(name, Variant::kResourceApply), device, type, i32, false);
+      OpName(name, Variant::kResourceApply), device, type, i32, false, host);
   RegisterKernel<FusedApplyOp<Device, T, Rule, Variant::kSparseApply, int32_t>>(
-      OpName(name, Variant::kSparseApply), device, type, i32, true);
+      OpName(name, Variant::kSparseApply), device, type, i32, true, host);
   RegisterKernel<FusedApplyOp<Device, T, Rule, Variant::kSparseApply, int64_t>>(
-      OpName(name, Variant::kSparseApply), device, type, i64, true);
+      OpName(name, Variant::kSparseApply), device, type, i64, true, host);
   RegisterKernel<FusedApplyOp<Device, T, Rule, Variant::kResourceSparseApply, int32_t>>(
-      OpName(name, Variant::kResourceSparseApply), device, type, i32, true);
+      OpName(name, Variant::kResourceSparseApply), device, type, i32, true, host);
   RegisterKernel<FusedApplyOp<Device, T, Rule, Variant::kResourceSparseApply, int64_t>>(
-      OpName(name, Variant::kResourceSparseApply), device, type, i64, true);
+      OpName(name, Variant::kResourceSparseApply), device, type, i64, true, host);
 }
 
-// The four ops of a rule and their CPU kernels for every dtype and index type.
+// The four ops of a rule and their CPU (and, with FUSEDOPT_CUDA, GPU) kernels for every
+// dtype and index type.
 template <typename Rule>
 bool RegisterOptimizer() {
   for (Variant v : kAllVariants) RegisterOpDef<Rule>(v);
@@ -212,6 +284,13 @@ bool RegisterOptimizer() {
   RegisterKernelsForType<CPUDevice, Rule, ::tensorflow::bfloat16>(::tensorflow::DEVICE_CPU);
   RegisterKernelsForType<CPUDevice, Rule, float>(::tensorflow::DEVICE_CPU);
   RegisterKernelsForType<CPUDevice, Rule, double>(::tensorflow::DEVICE_CPU);
+#ifdef FUSEDOPT_CUDA
+  // Inert without a GPU: TF only instantiates them for GPU devices.
+  RegisterKernelsForType<GpuDeviceTag, Rule, Eigen::half>(::tensorflow::DEVICE_GPU);
+  RegisterKernelsForType<GpuDeviceTag, Rule, ::tensorflow::bfloat16>(::tensorflow::DEVICE_GPU);
+  RegisterKernelsForType<GpuDeviceTag, Rule, float>(::tensorflow::DEVICE_GPU);
+  RegisterKernelsForType<GpuDeviceTag, Rule, double>(::tensorflow::DEVICE_GPU);
+#endif
   return true;
 }
 

@@ -1,0 +1,244 @@
+// Rule-independent CUDA pieces: device info, copies, and the sparse index check and
+// duplicate coalescing (CUB radix sort + run-length encode + scan). Kept apart from the
+// per-rule kernels so the two translation units compile in parallel.
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_run_length_encode.cuh>
+#include <cub/device/device_scan.cuh>
+
+#include <atomic>
+#include <climits>
+
+#include "cc/core/coalesce.h"
+#include "cc/core/gpu/gpu_common.cuh"
+
+namespace fusedopt {
+namespace gpu {
+
+int DeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // no driver / no device: clear the error, report none
+    return 0;
+  }
+  return count;
+}
+
+Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes, Stream stream) {
+  if (bytes == 0) return Status::Ok();
+  return detail::CudaError(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream),
+                           "copy");
+}
+
+namespace detail {
+
+int MultiProcessorCount() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices];  // 0: not read yet
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) {
+    cudaGetLastError();
+    return 132;  // only sizes the grid; a grid-stride loop is correct with any count
+  }
+  int count = cache[device].load(std::memory_order_relaxed);
+  if (count == 0) {
+    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        count <= 0) {
+      cudaGetLastError();
+      count = 132;
+    }
+    cache[device].store(count, std::memory_order_relaxed);
+  }
+  return count;
+}
+
+namespace {
+
+constexpr unsigned long long kNoError = ~0ull;
+
+// error[0]: smallest offending position (atomicMin), kNoError when none.
+template <typename Index>
+__global__ void CheckIndicesKernel(const Index* __restrict__ indices, int64_t n, int64_t num_rows,
+                                   unsigned long long* error) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const int64_t row = static_cast<int64_t>(indices[i]);
+    if (row < 0 || row >= num_rows) atomicMin(error, static_cast<unsigned long long>(i));
+  }
+}
+
+// error[1] = the offending value, so one read-back carries the whole message.
+template <typename Index>
+__global__ void FetchOffenderKernel(const Index* __restrict__ indices, unsigned long long* error) {
+  if (error[0] != kNoError) {
+    error[1] = static_cast<unsigned long long>(static_cast<int64_t>(indices[error[0]]));
+  }
+}
+
+// Sort input: keys are the (validated, non-negative) rows, values the positions.
+template <typename Index>
+__global__ void PrepareSortKernel(const Index* __restrict__ indices, int64_t n,
+                                  KeyOf<Index>* __restrict__ keys, uint32_t* __restrict__ positions) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    keys[i] = static_cast<KeyOf<Index>>(indices[i]);
+    positions[i] = static_cast<uint32_t>(i);
+  }
+}
+
+// Bump allocation inside one scratch buffer.
+class Arena {
+ public:
+  void Add(size_t bytes) { total_ += Round(bytes); }
+  size_t total() const { return total_; }
+  void Start(void* base) {
+    base_ = static_cast<char*>(base);
+    used_ = 0;
+  }
+  template <typename U>
+  U* Take(size_t count) {
+    U* p = reinterpret_cast<U*>(base_ + used_);
+    used_ += Round(count * sizeof(U));
+    return p;
+  }
+
+ private:
+  static size_t Round(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
+  size_t total_ = 0, used_ = 0;
+  char* base_ = nullptr;
+};
+
+}  // namespace
+
+template <typename Index>
+Status CheckAndCoalesce(const Index* indices, int64_t n, int64_t num_rows, bool coalesce,
+                        TempAllocator& allocator, Stream stream, DeviceGroups<Index>* groups) {
+  using Key = KeyOf<Index>;
+  const int items = static_cast<int>(n);
+  // Rows fit in `bits` bits (num_rows - 1 >= every valid index): fewer radix passes.
+  int bits = 1;
+  while (bits < static_cast<int>(8 * sizeof(Key)) &&
+         (static_cast<uint64_t>(num_rows - 1) >> bits) != 0) {
+    ++bits;
+  }
+  size_t sort_bytes = 0, rle_bytes = 0, scan_bytes = 0;
+  if (coalesce) {
+    Status s = CudaError(cub::DeviceRadixSort::SortPairs(
+                             nullptr, sort_bytes, static_cast<const Key*>(nullptr),
+                             static_cast<Key*>(nullptr), static_cast<const uint32_t*>(nullptr),
+                             static_cast<uint32_t*>(nullptr), items, 0, bits, stream),
+                         "radix sort sizing");
+    if (!s.ok()) return s;
+    s = CudaError(cub::DeviceRunLengthEncode::Encode(
+                      nullptr, rle_bytes, static_cast<const Key*>(nullptr),
+                      static_cast<Key*>(nullptr), static_cast<uint32_t*>(nullptr),
+                      static_cast<uint32_t*>(nullptr), items, stream),
+                  "run-length encode sizing");
+    if (!s.ok()) return s;
+    s = CudaError(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes,
+                                                static_cast<const uint32_t*>(nullptr),
+                                                static_cast<uint32_t*>(nullptr), items + 1,
+                                                stream),
+                  "scan sizing");
+    if (!s.ok()) return s;
+  }
+  size_t cub_bytes = sort_bytes;
+  if (rle_bytes > cub_bytes) cub_bytes = rle_bytes;
+  if (scan_bytes > cub_bytes) cub_bytes = scan_bytes;
+
+  Arena arena;
+  arena.Add(2 * sizeof(unsigned long long));  // error scalars
+  if (coalesce) {
+    arena.Add(n * sizeof(Key));             // keys in
+    arena.Add(n * sizeof(Key));             // keys out (sorted)
+    arena.Add(n * sizeof(uint32_t));        // positions in
+    arena.Add(n * sizeof(uint32_t));        // positions out (sorted)
+    arena.Add(n * sizeof(Key));             // unique rows
+    arena.Add((n + 1) * sizeof(uint32_t));  // counts
+    arena.Add((n + 1) * sizeof(uint32_t));  // offsets
+    arena.Add(sizeof(uint32_t));            // number of groups
+    arena.Add(cub_bytes);
+  }
+  void* base = allocator.Allocate(arena.total());
+  if (base == nullptr) {
+    return {Status::kInternal, "fusedopt: could not allocate " + std::to_string(arena.total()) +
+                                   " bytes of GPU scratch memory for a sparse update"};
+  }
+  arena.Start(base);
+  auto* error = arena.Take<unsigned long long>(2);
+
+  // 1. Index check; its read-back is the call's only synchronisation.
+  Status s = CudaError(cudaMemsetAsync(error, 0xff, 2 * sizeof(unsigned long long), stream),
+                       "memset");
+  if (!s.ok()) return s;
+  CheckIndicesKernel<Index><<<GridFor(n, kThreads), kThreads, 0, stream>>>(indices, n, num_rows,
+                                                                           error);
+  FetchOffenderKernel<Index><<<1, 1, 0, stream>>>(indices, error);
+  s = LaunchStatus("index check");
+  if (!s.ok()) return s;
+  unsigned long long host_error[2];
+  s = CudaError(cudaMemcpyAsync(host_error, error, sizeof(host_error), cudaMemcpyDeviceToHost,
+                                stream),
+                "index check read-back");
+  if (!s.ok()) return s;
+  s = CudaError(cudaStreamSynchronize(stream), "index check");
+  if (!s.ok()) return s;
+  if (host_error[0] != kNoError) {
+    // The CPU's own message, from the offender found on the device.
+    const Index offender = static_cast<Index>(static_cast<int64_t>(host_error[1]));
+    const int64_t position = static_cast<int64_t>(host_error[0]);
+    std::string message = CheckIndices(&offender, 1, num_rows);
+    const std::string prefix = "indices[0]";
+    message.replace(0, prefix.size(), "indices[" + std::to_string(position) + "]");
+    return {Status::kInvalidArgument, message};
+  }
+  if (!coalesce) return Status::Ok();
+
+  // 2. Stable sort of (row, position): positions stay ascending within a row.
+  Key* keys_in = arena.Take<Key>(n);
+  Key* keys_out = arena.Take<Key>(n);
+  uint32_t* positions_in = arena.Take<uint32_t>(n);
+  uint32_t* positions_out = arena.Take<uint32_t>(n);
+  Key* rows = arena.Take<Key>(n);
+  uint32_t* counts = arena.Take<uint32_t>(n + 1);
+  uint32_t* offsets = arena.Take<uint32_t>(n + 1);
+  uint32_t* num_groups = arena.Take<uint32_t>(1);
+  void* cub_temp = arena.Take<char>(cub_bytes);
+  PrepareSortKernel<Index><<<GridFor(n, kThreads), kThreads, 0, stream>>>(indices, n, keys_in,
+                                                                          positions_in);
+  s = LaunchStatus("sort preparation");
+  if (!s.ok()) return s;
+  size_t bytes = sort_bytes;
+  s = CudaError(cub::DeviceRadixSort::SortPairs(cub_temp, bytes, keys_in, keys_out, positions_in,
+                                                positions_out, items, 0, bits, stream),
+                "radix sort");
+  if (!s.ok()) return s;
+  // 3. One group per distinct row; offsets = exclusive sum of the run lengths (entries past
+  //    the number of runs are zero, so offsets[num_groups] == n).
+  s = CudaError(cudaMemsetAsync(counts, 0, (n + 1) * sizeof(uint32_t), stream), "memset");
+  if (!s.ok()) return s;
+  bytes = rle_bytes;
+  s = CudaError(cub::DeviceRunLengthEncode::Encode(cub_temp, bytes, keys_out, rows, counts,
+                                                   num_groups, items, stream),
+                "run-length encode");
+  if (!s.ok()) return s;
+  bytes = scan_bytes;
+  s = CudaError(cub::DeviceScan::ExclusiveSum(cub_temp, bytes, counts, offsets, items + 1, stream),
+                "scan");
+  if (!s.ok()) return s;
+  groups->rows = rows;
+  groups->offsets = offsets;
+  groups->positions = positions_out;
+  groups->num_groups = num_groups;
+  return Status::Ok();
+}
+
+template Status CheckAndCoalesce<int32_t>(const int32_t*, int64_t, int64_t, bool, TempAllocator&,
+                                          Stream, DeviceGroups<int32_t>*);
+template Status CheckAndCoalesce<int64_t>(const int64_t*, int64_t, int64_t, bool, TempAllocator&,
+                                          Stream, DeviceGroups<int64_t>*);
+
+}  // namespace detail
+}  // namespace gpu
+}  // namespace fusedopt

@@ -1,0 +1,101 @@
+// What both pybind11 modules share (fusedopt._core on NumPy arrays, fusedopt._core_cuda
+// on CUDA device arrays): hyper-parameter/option parsing, rule/dtype dispatch and the
+// rule table, so the two accept the same calls and reject them with the same words.
+#ifndef FUSEDOPT_CC_PYBIND_COMMON_H_
+#define FUSEDOPT_CC_PYBIND_COMMON_H_
+
+#include <pybind11/pybind11.h>
+
+#include <array>
+#include <string>
+
+#include "cc/core/engine.h"
+#include "cc/core/rules/all_rules.h"
+
+namespace fusedopt {
+namespace pycommon {
+
+namespace py = pybind11;
+
+inline void Require(bool ok, const std::string& message) {
+  if (!ok) throw py::value_error(message);
+}
+
+// Hyper-parameters are rounded to the variable's dtype first, as the TF wrappers do.
+template <typename Rule, typename T>
+ParamsFor<Rule, T> ParamsFromDicts(const py::dict& hyper, const py::dict& options) {
+  std::array<T, Rule::kHyper.size()> values{};
+  std::array<const T*, Rule::kHyper.size()> pointers{};
+  for (size_t i = 0; i < Rule::kHyper.size(); ++i) {
+    const char* name = Rule::kHyper[i];
+    Require(hyper.contains(name), std::string("missing hyper-parameter ") + name);
+    Store(values[i], static_cast<ComputeType<T>>(hyper[name].cast<double>()));
+    pointers[i] = &values[i];
+  }
+  for (auto item : hyper) {
+    const std::string key = py::str(item.first);
+    bool known = false;
+    for (const char* name : Rule::kHyper) known |= key == name;
+    Require(known, "unknown hyper-parameter " + key);
+  }
+  std::array<bool, Rule::kOptions.size()> flags{};
+  for (size_t i = 0; i < Rule::kOptions.size(); ++i) {
+    const char* name = Rule::kOptions[i].name;
+    flags[i] = options.contains(name) ? options[name].cast<bool>() : Rule::kOptions[i].default_value;
+  }
+  for (auto item : options) {
+    const std::string key = py::str(item.first);
+    bool known = false;
+    for (const RuleOption& option : Rule::kOptions) known |= key == option.name;
+    Require(known, "unknown option " + key);
+  }
+  return PrepareParams<Rule, T>(pointers.data(), flags.data());
+}
+
+// Calls fn.template operator()<Rule, T>() for the rule and dtype named.
+template <typename Fn>
+void Dispatch(const std::string& rule, const std::string& dtype, Fn&& fn) {
+  bool found = false;
+  AllRules::ForEach([&](auto rule_tag) {
+    using Rule = decltype(rule_tag);
+    if (found || rule != Rule::kPyName) return;
+    found = true;
+    if (dtype == "float16") {
+      fn.template operator()<Rule, half_t>();
+    } else if (dtype == "bfloat16") {
+      fn.template operator()<Rule, bfloat16_t>();
+    } else if (dtype == "float32") {
+      fn.template operator()<Rule, float>();
+    } else if (dtype == "float64") {
+      fn.template operator()<Rule, double>();
+    } else {
+      throw py::value_error("unsupported dtype " + dtype +
+                            " (float16, bfloat16, float32, float64)");
+    }
+  });
+  Require(found, "unknown rule " + rule);
+}
+
+inline py::dict Rules() {
+  py::dict out;
+  AllRules::ForEach([&](auto rule_tag) {
+    using Rule = decltype(rule_tag);
+    py::list slots, hyper;
+    py::dict options;
+    for (const char* s : Rule::kSlots) slots.append(s);
+    for (const char* h : Rule::kHyper) hyper.append(h);
+    for (const RuleOption& o : Rule::kOptions) options[o.name] = o.default_value;
+    py::dict entry;
+    entry["op_name"] = Rule::kOpName;
+    entry["slots"] = slots;
+    entry["hyper"] = hyper;
+    entry["options"] = options;
+    out[Rule::kPyName] = entry;
+  });
+  return out;
+}
+
+}  // namespace pycommon
+}  // namespace fusedopt
+
+#endif  // FUSEDOPT_CC_PYBIND_COMMON_H_

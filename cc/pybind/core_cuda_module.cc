@@ -1,0 +1,260 @@
+// fusedopt._core_cuda: the core's CUDA engine applied in place to device arrays, with no
+// TensorFlow in the process (the GPU test harness, tools/gpu_check.sh, and raw-kernel
+// benchmarks). Same calls as fusedopt._core; arrays are anything exposing
+// __cuda_array_interface__ (CuPy, PyTorch, Numba) or that interface's dict itself
+// (raw pointers: {"data": (ptr, False), "shape": (...), "typestr": "<f4"}).
+//
+// Work runs on `stream` (a cudaStream_t as an int; 0 = the legacy default stream, which
+// is CuPy's default). Dense calls return without synchronising; sparse calls synchronise
+// once, to check the indices before anything is written.
+#include <cuda_runtime.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cc/core/gpu/engine_gpu.h"
+#include "cc/core/validate.h"
+#include "cc/pybind/common.h"
+
+namespace py = pybind11;
+
+namespace fusedopt {
+namespace {
+
+using pycommon::Dispatch;
+using pycommon::ParamsFromDicts;
+using pycommon::Require;
+using pycommon::Rules;
+
+struct DeviceArray {
+  void* data = nullptr;
+  bool readonly = false;
+  Shape shape;
+  std::string typestr;
+  int64_t size = 1;
+};
+
+int ItemSize(const std::string& typestr) {
+  return typestr.size() >= 3 ? std::stoi(typestr.substr(2)) : 0;
+}
+
+DeviceArray FromInterface(const py::handle& obj, const char* what) {
+  py::dict d;
+  if (py::hasattr(obj, "__cuda_array_interface__")) {
+    d = obj.attr("__cuda_array_interface__").cast<py::dict>();
+  } else if (py::isinstance<py::dict>(obj)) {
+    d = obj.cast<py::dict>();
+  } else {
+    throw py::value_error(std::string(what) +
+                          " must be a CUDA array (__cuda_array_interface__) or its dict");
+  }
+  DeviceArray a;
+  for (auto dim : d["shape"].cast<py::tuple>()) a.shape.push_back(dim.cast<int64_t>());
+  for (int64_t dim : a.shape) a.size *= dim;
+  a.typestr = d["typestr"].cast<std::string>();
+  const py::tuple data = d["data"].cast<py::tuple>();
+  a.data = reinterpret_cast<void*>(data[0].cast<uintptr_t>());
+  a.readonly = data[1].cast<bool>();
+  Require(!d.contains("mask") || d["mask"].is_none(), std::string(what) + " must not be masked");
+  if (d.contains("strides") && !d["strides"].is_none()) {
+    // C-contiguous, ignoring the strides of dimensions of size 1.
+    int64_t expected = ItemSize(a.typestr);
+    const py::tuple strides = d["strides"].cast<py::tuple>();
+    bool contiguous = strides.size() == a.shape.size();
+    for (int i = static_cast<int>(a.shape.size()) - 1; contiguous && i >= 0; --i) {
+      if (a.shape[i] != 1 && strides[i].cast<int64_t>() != expected) contiguous = false;
+      expected *= a.shape[i];
+    }
+    Require(contiguous || a.size == 0, "arrays must be C-contiguous");
+  }
+  return a;
+}
+
+// NumPy-style dtype name of a storage array; 2-byte arrays are float16 unless the
+// caller says bfloat16 (CUDA array interfaces have no bfloat16 typestr: pass its bits as
+// uint16/int16 with dtype="bfloat16").
+std::string DtypeName(const DeviceArray& a, const std::string& dtype) {
+  const std::string kind = a.typestr.substr(1);
+  if (dtype == "bfloat16") {
+    Require(kind == "u2" || kind == "i2" || kind == "V2" || kind == "f2",
+            "dtype='bfloat16' needs 2-byte arrays, got typestr " + a.typestr);
+    return "bfloat16";
+  }
+  if (kind == "f2") return "float16";
+  if (kind == "f4") return "float32";
+  if (kind == "f8") return "float64";
+  return "typestr " + a.typestr;
+}
+
+// Runs the calls on the device owning var, restoring the caller's device afterwards.
+class DeviceScope {
+ public:
+  explicit DeviceScope(const void* ptr) {
+    cudaGetDevice(&previous_);
+    cudaPointerAttributes attributes{};
+    const cudaError_t err = cudaPointerGetAttributes(&attributes, ptr);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      throw py::value_error(std::string("var is not CUDA memory: ") + cudaGetErrorString(err));
+    }
+    Require(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged,
+            "var must be device (or managed) memory");
+    if (attributes.device != previous_) cudaSetDevice(attributes.device);
+  }
+  ~DeviceScope() { cudaSetDevice(previous_); }
+
+ private:
+  int previous_ = 0;
+};
+
+// Stream-ordered scratch memory: freed on the same stream after the work that uses it.
+class AsyncAllocator final : public gpu::TempAllocator {
+ public:
+  explicit AsyncAllocator(cudaStream_t stream) : stream_(stream) {}
+  ~AsyncAllocator() override {
+    for (void* p : blocks_) cudaFreeAsync(p, stream_);
+  }
+  void* Allocate(size_t bytes) override {
+    void* p = nullptr;
+    if (cudaMallocAsync(&p, bytes > 0 ? bytes : 1, stream_) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    blocks_.push_back(p);
+    return p;
+  }
+
+ private:
+  cudaStream_t stream_;
+  std::vector<void*> blocks_;
+};
+
+void Check(const gpu::Status& s) {
+  if (s.ok()) return;
+  if (s.code == gpu::Status::kInvalidArgument) throw py::value_error(s.message);
+  throw std::runtime_error(s.message);
+}
+
+struct State {
+  DeviceArray var, grad;
+  std::vector<DeviceArray> slots;
+  std::string dtype;
+};
+
+template <typename Rule>
+State CheckState(const py::handle& var, const py::list& slots, const py::handle& grad,
+                 const Shape& indices_shape, bool sparse, const std::string& dtype) {
+  constexpr int kSlots = NumSlots<Rule>();
+  Require(static_cast<int>(slots.size()) == kSlots,
+          std::string(Rule::kPyName) + " needs " + std::to_string(kSlots) + " slot arrays");
+  State state;
+  state.var = FromInterface(var, "var");
+  state.grad = FromInterface(grad, "grad");
+  std::vector<Shape> slot_shapes;
+  for (auto s : slots) {
+    state.slots.push_back(FromInterface(s, "slot"));
+    slot_shapes.push_back(state.slots.back().shape);
+  }
+  Require(!state.var.readonly, "var and slots must be writeable");
+  for (const auto& s : state.slots) {
+    Require(!s.readonly, "var and slots must be writeable");
+    Require(s.typestr == state.var.typestr, "var, slots and grad must share one dtype");
+  }
+  Require(state.grad.typestr == state.var.typestr, "var, slots and grad must share one dtype");
+  state.dtype = DtypeName(state.var, dtype);
+  const std::vector<Shape> hyper(NumHyper<Rule>());  // Python numbers: scalars
+  const std::string error =
+      sparse ? ValidateSparse<Rule>(state.var.shape, slot_shapes.data(), hyper.data(),
+                                    state.grad.shape, indices_shape)
+             : ValidateDense<Rule>(state.var.shape, slot_shapes.data(), hyper.data(),
+                                   state.grad.shape);
+  Require(error.empty(), error);
+  return state;
+}
+
+template <typename T, int kSlots>
+std::array<T*, kSlots> SlotPointers(const State& state) {
+  std::array<T*, kSlots> out;
+  for (int k = 0; k < kSlots; ++k) out[k] = static_cast<T*>(state.slots[k].data);
+  return out;
+}
+
+std::string PeekDtype(const py::handle& var, const std::string& dtype) {
+  return DtypeName(FromInterface(var, "var"), dtype);
+}
+
+void ApplyDensePy(const std::string& rule, const py::handle& var, const py::list& slots,
+                  const py::handle& grad, const py::dict& hyper, const py::dict& options,
+                  uintptr_t stream, const std::string& dtype) {
+  Dispatch(rule, PeekDtype(var, dtype), [&]<typename Rule, typename T>() {
+    const State state = CheckState<Rule>(var, slots, grad, {}, false, dtype);
+    const auto params = ParamsFromDicts<Rule, T>(hyper, options);
+    if (state.var.size == 0) return;
+    auto slot_ptrs = SlotPointers<T, NumSlots<Rule>()>(state);
+    DeviceScope scope(state.var.data);
+    gpu::Status status;
+    {
+      py::gil_scoped_release release;
+      status = gpu::ApplyDense<Rule, T>(params, static_cast<T*>(state.var.data), slot_ptrs.data(),
+                                        static_cast<const T*>(state.grad.data), state.var.size,
+                                        reinterpret_cast<gpu::Stream>(stream));
+    }
+    Check(status);
+  });
+}
+
+void ApplySparsePy(const std::string& rule, const py::handle& var, const py::list& slots,
+                   const py::handle& grad, const py::handle& indices_obj, const py::dict& hyper,
+                   const py::dict& options, uintptr_t stream, const std::string& dtype) {
+  const DeviceArray indices = FromInterface(indices_obj, "indices");
+  const std::string index_kind = indices.typestr.substr(1);
+  Require(index_kind == "i4" || index_kind == "i8",
+          "indices must be int32 or int64, got typestr " + indices.typestr);
+  Dispatch(rule, PeekDtype(var, dtype), [&]<typename Rule, typename T>() {
+    const State state = CheckState<Rule>(var, slots, grad, indices.shape, true, dtype);
+    const auto params = ParamsFromDicts<Rule, T>(hyper, options);
+    const int64_t rows = state.var.shape[0];
+    const int64_t row_size = rows == 0 ? 0 : state.var.size / rows;
+    const int64_t n = indices.size;
+    if (n == 0) return;
+    auto slot_ptrs = SlotPointers<T, NumSlots<Rule>()>(state);
+    // Zero-size var: no device buffer to find the device by; use the indices'.
+    DeviceScope scope(state.var.size > 0 ? state.var.data : indices.data);
+    gpu::Status status;
+    {
+      py::gil_scoped_release release;
+      AsyncAllocator allocator(reinterpret_cast<cudaStream_t>(stream));
+      auto run = [&](auto* index_ptr) {
+        using Index = std::remove_const_t<std::remove_pointer_t<decltype(index_ptr)>>;
+        return gpu::ApplySparse<Rule, T, Index>(
+            params, static_cast<T*>(state.var.data), slot_ptrs.data(), rows, row_size,
+            static_cast<const T*>(state.grad.data), index_ptr, n, allocator,
+            reinterpret_cast<gpu::Stream>(stream));
+      };
+      status = index_kind == "i4" ? run(static_cast<const int32_t*>(indices.data))
+                                  : run(static_cast<const int64_t*>(indices.data));
+    }
+    Check(status);
+  });
+}
+
+}  // namespace
+}  // namespace fusedopt
+
+PYBIND11_MODULE(_core_cuda, m) {
+  using namespace fusedopt;
+  m.doc() = "fusedopt's CUDA update kernels applied in place to CUDA device arrays.";
+  m.def("rules", &Rules, "Rule metadata: slots, hyper-parameters and options of every rule.");
+  m.def("device_count", &gpu::DeviceCount, "CUDA devices visible (0 without a GPU or driver).");
+  m.def("apply_dense", &ApplyDensePy, py::arg("rule"), py::arg("var"), py::arg("slots"),
+        py::arg("grad"), py::arg("hyper"), py::arg("options") = py::dict(),
+        py::arg("stream") = 0, py::arg("dtype") = "",
+        "Dense update of var and slots in place, enqueued on `stream`.");
+  m.def("apply_sparse", &ApplySparsePy, py::arg("rule"), py::arg("var"), py::arg("slots"),
+        py::arg("grad"), py::arg("indices"), py::arg("hyper"), py::arg("options") = py::dict(),
+        py::arg("stream") = 0, py::arg("dtype") = "",
+        "Sparse update of the rows named by indices (duplicates summed first), in place; "
+        "out-of-range indices raise ValueError with nothing written.");
+}

@@ -1,0 +1,281 @@
+"""The CUDA engine (fusedopt._core_cuda) against the CPU engine (fusedopt._core), on a GPU,
+without TensorFlow: every rule dense and sparse, every dtype and index type, duplicates,
+out-of-range indices (ValueError, nothing written), determinism, streams.
+
+Runs where a CUDA device, CuPy and both modules are importable: from
+$FUSEDOPT_GPU_BUILD (what tools/gpu_check.sh builds) or the installed fusedopt package.
+Everywhere else the whole module is skipped ("no GPU: skipped").
+
+Float and double results must equal the CPU engine's bit for bit (device code is built with
+--fmad=false, IEEE sqrt/division, and sums duplicates in the CPU's order); 16-bit types
+compute in float32 with the same rounding, so they are compared bit for bit too.
+"""
+import importlib
+import os
+import sys
+
+import numpy as np
+import pytest
+
+BUILD = os.environ.get("FUSEDOPT_GPU_BUILD")
+if BUILD:
+    sys.path.insert(0, BUILD)
+
+
+def _import(name):
+    for full in (name, "fusedopt." + name):
+        try:
+            return importlib.import_module(full)
+        except ImportError:
+            continue
+    return None
+
+
+core_cuda = _import("_core_cuda")
+core = _import("_core")
+try:
+    import cupy as cp
+except Exception:  # not installed, or no CUDA runtime for it
+    cp = None
+try:
+    import ml_dtypes
+except ImportError:
+    ml_dtypes = None
+
+_devices = core_cuda.device_count() if core_cuda is not None else 0
+_missing = [what for what, ok in (("fusedopt._core_cuda", core_cuda is not None),
+                                  ("fusedopt._core", core is not None), ("cupy", cp is not None),
+                                  ("a CUDA device", _devices > 0)) if not ok]
+pytestmark = pytest.mark.skipif(bool(_missing), reason="no GPU: skipped (missing "
+                                + ", ".join(_missing) + ")")
+
+RULES = ["lazy_adam", "adamax", "adagrad"]
+DTYPES = ["float16", "bfloat16", "float32", "float64"]
+HYPER = {
+    "lazy_adam": dict(beta1_power=0.9**3, beta2_power=0.999**3, lr=0.01, beta1=0.9, beta2=0.999,
+                      epsilon=1e-7),
+    "adamax": dict(beta1_power=0.9**3, lr=0.01, beta1=0.9, beta2=0.999, epsilon=1e-7),
+    "adagrad": dict(lr=0.1, epsilon=1e-7),
+}
+OPTIONS = {
+    "lazy_adam": [{}, {"use_nesterov": True}],
+    "adamax": [{}],
+    "adagrad": [{}, {"epsilon_inside_sqrt": True}, {"update_slots": False}],
+}
+RULE_OPTIONS = [(r, o) for r in RULES for o in OPTIONS[r]]
+NUM_SLOTS = {"lazy_adam": 2, "adamax": 2, "adagrad": 1}
+
+
+def np_dtype(dtype):
+    return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+
+
+def make_state(rule, dtype, shape, rng, grad_rows=None):
+    """var, slots (non-negative where the rule needs it) and grad, as host arrays."""
+    t = np_dtype(dtype)
+    var = rng.standard_normal(shape).astype(t)
+    slots = [rng.standard_normal(shape).astype(t)]
+    if NUM_SLOTS[rule] == 2:
+        slots.append(np.abs(rng.standard_normal(shape)).astype(t))
+    else:
+        slots = [np.abs(s) + t(0.1) for s in slots]
+    grad_shape = shape if grad_rows is None else (grad_rows,) + tuple(shape[1:])
+    grad = rng.standard_normal(grad_shape).astype(t)
+    return var, slots, grad
+
+
+def to_device(a):
+    if a.dtype == np_dtype("bfloat16"):
+        return cp.asarray(a.view(np.uint16))
+    return cp.asarray(a)
+
+
+def to_host(d, dtype):
+    return cp.asnumpy(d).view(np_dtype(dtype))
+
+
+def run_gpu(rule, dtype, var, slots, grad, hyper, options, indices=None, stream=0):
+    dvar, dslots, dgrad = to_device(var), [to_device(s) for s in slots], to_device(grad)
+    kw = dict(options=options, stream=stream, dtype="bfloat16" if dtype == "bfloat16" else "")
+    if indices is None:
+        core_cuda.apply_dense(rule, dvar, dslots, dgrad, hyper, **kw)
+    else:
+        core_cuda.apply_sparse(rule, dvar, dslots, dgrad, cp.asarray(indices), hyper, **kw)
+    cp.cuda.runtime.deviceSynchronize()
+    return to_host(dvar, dtype), [to_host(s, dtype) for s in dslots]
+
+
+def run_cpu(rule, var, slots, grad, hyper, options, indices=None):
+    var, slots = var.copy(), [s.copy() for s in slots]
+    if indices is None:
+        core.apply_dense(rule, var, slots, grad, hyper, options)
+    else:
+        core.apply_sparse(rule, var, slots, grad, indices, hyper, options)
+    return var, slots
+
+
+def assert_bits_equal(got, want, what):
+    g, w = np.ascontiguousarray(got), np.ascontiguousarray(want)
+    assert g.shape == w.shape, what
+    gb, wb = g.view(np.uint8).reshape(g.size, -1), w.view(np.uint8).reshape(w.size, -1)
+    diff = np.flatnonzero((gb != wb).any(axis=1))
+    assert diff.size == 0, (f"{what}: {diff.size} of {g.size} elements differ from the CPU engine; "
+                            f"first at {diff[0]}: gpu {g.flat[diff[0]]!r} cpu {w.flat[diff[0]]!r}")
+
+
+def check_same(rule, dtype, gpu, cpu):
+    assert_bits_equal(gpu[0], cpu[0], f"{rule}/{dtype} var")
+    for k, (g, c) in enumerate(zip(gpu[1], cpu[1])):
+        assert_bits_equal(g, c, f"{rule}/{dtype} slot {k}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rule,options", RULE_OPTIONS)
+def test_dense_equals_cpu(rule, options, dtype):
+    rng = np.random.default_rng(1)
+    var, slots, grad = make_state(rule, dtype, (1001, 37), rng)  # odd size: vector tail
+    hyper = HYPER[rule]
+    check_same(rule, dtype, run_gpu(rule, dtype, var, slots, grad, hyper, options),
+               run_cpu(rule, var, slots, grad, hyper, options))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dense_unaligned_buffers_take_the_scalar_path(dtype):
+    rule = "lazy_adam"
+    rng = np.random.default_rng(2)
+    var, slots, grad = make_state(rule, dtype, (4099,), rng)
+    want = run_cpu(rule, var, slots, grad, HYPER[rule], {})
+
+    def shifted(a):  # same values, device pointer one element past a 16-byte boundary
+        d = to_device(np.concatenate([a[:1], a]))
+        return d[1:]
+
+    dvar, dslots, dgrad = shifted(var), [shifted(s) for s in slots], shifted(grad)
+    core_cuda.apply_dense(rule, dvar, dslots, dgrad, HYPER[rule],
+                          dtype="bfloat16" if dtype == "bfloat16" else "")
+    cp.cuda.runtime.deviceSynchronize()
+    check_same(rule, dtype, (to_host(dvar, dtype), [to_host(s, dtype) for s in dslots]), want)
+
+
+@pytest.mark.parametrize("index_type", ["int32", "int64"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rule,options", RULE_OPTIONS)
+def test_sparse_with_duplicates_equals_cpu(rule, options, dtype, index_type):
+    rng = np.random.default_rng(3)
+    rows, n = 500, 2000  # ~4 hits per touched row: many duplicates, some rows untouched
+    indices = rng.integers(0, rows, n).astype(index_type)
+    var, slots, grad = make_state(rule, dtype, (rows, 33), rng, grad_rows=n)
+    hyper = HYPER[rule]
+    gpu = run_gpu(rule, dtype, var, slots, grad, hyper, options, indices)
+    cpu = run_cpu(rule, var, slots, grad, hyper, options, indices)
+    check_same(rule, dtype, gpu, cpu)
+    untouched = np.setdiff1d(np.arange(rows), indices)
+    assert untouched.size > 0
+    assert_bits_equal(gpu[0][untouched], var[untouched], "untouched rows")
+
+
+@pytest.mark.parametrize("row_shape", [(), (1,), (3,), (255,), (256,), (1000,), (4, 7)])
+def test_sparse_row_widths(row_shape):
+    rule, dtype = "adagrad", "float32"
+    rng = np.random.default_rng(4)
+    rows, n = 300, 700
+    indices = rng.integers(0, rows, n).astype(np.int64)
+    var, slots, grad = make_state(rule, dtype, (rows,) + row_shape, rng, grad_rows=n)
+    check_same(rule, dtype, run_gpu(rule, dtype, var, slots, grad, HYPER[rule], {}, indices),
+               run_cpu(rule, var, slots, grad, HYPER[rule], {}, indices))
+
+
+def test_sparse_all_unique_and_single_row():
+    rule, dtype = "lazy_adam", "float32"
+    rng = np.random.default_rng(5)
+    for indices in (rng.permutation(400)[:250].astype(np.int32), np.full(64, 7, np.int32)):
+        var, slots, grad = make_state(rule, dtype, (400, 16), rng, grad_rows=indices.size)
+        check_same(rule, dtype,
+                   run_gpu(rule, dtype, var, slots, grad, HYPER[rule], {}, indices),
+                   run_cpu(rule, var, slots, grad, HYPER[rule], {}, indices))
+
+
+@pytest.mark.parametrize("index_type", ["int32", "int64"])
+@pytest.mark.parametrize("bad", [[(7, 500)], [(7, -1)], [(12, 900), (7, 500), (1999, -5)]])
+def test_out_of_range_raises_and_writes_nothing(bad, index_type):
+    rule, dtype = "lazy_adam", "float32"
+    rng = np.random.default_rng(6)
+    rows, n = 500, 2000
+    indices = rng.integers(0, rows, n).astype(index_type)
+    for position, value in bad:
+        indices[position] = value
+    var, slots, grad = make_state(rule, dtype, (rows, 8), rng, grad_rows=n)
+    with pytest.raises(ValueError) as cpu_error:
+        run_cpu(rule, var, slots, grad, HYPER[rule], {}, indices)
+    dvar, dslots = to_device(var), [to_device(s) for s in slots]
+    with pytest.raises(ValueError) as gpu_error:
+        core_cuda.apply_sparse(rule, dvar, dslots, to_device(grad), cp.asarray(indices),
+                               HYPER[rule])
+    first = min(bad)
+    assert str(gpu_error.value) == f"indices[{first[0]}] = {first[1]} is not in [0, {rows})"
+    assert str(gpu_error.value) == str(cpu_error.value)
+    assert_bits_equal(to_host(dvar, dtype), var, "var after a rejected call")
+    for d, s in zip(dslots, slots):
+        assert_bits_equal(to_host(d, dtype), s, "slot after a rejected call")
+
+
+def test_empty_indices_are_a_no_op_and_shape_errors_match_cpu():
+    rule, dtype = "adamax", "float32"
+    rng = np.random.default_rng(7)
+    var, slots, grad = make_state(rule, dtype, (10, 4), rng, grad_rows=0)
+    gpu = run_gpu(rule, dtype, var, slots, grad, HYPER[rule], {}, np.zeros(0, np.int32))
+    check_same(rule, dtype, gpu, (var, slots))
+    bad_grad = rng.standard_normal((3, 5)).astype(np.float32)
+    indices = np.zeros(3, np.int32)
+    with pytest.raises(ValueError) as cpu_error:
+        core.apply_sparse(rule, var.copy(), [s.copy() for s in slots], bad_grad, indices,
+                          HYPER[rule])
+    with pytest.raises(ValueError) as gpu_error:
+        core_cuda.apply_sparse(rule, to_device(var), [to_device(s) for s in slots],
+                               to_device(bad_grad), cp.asarray(indices), HYPER[rule])
+    assert str(gpu_error.value) == str(cpu_error.value)
+    with pytest.raises(ValueError, match="must share one dtype"):
+        core_cuda.apply_dense(rule, to_device(var), [to_device(s) for s in slots],
+                              to_device(var.astype(np.float64)), HYPER[rule])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_deterministic_run_to_run(dtype):
+    """Heavy duplication (Zipf ids), big enough to spread over every SM: two runs agree
+    bit for bit, dense and sparse."""
+    rule = "lazy_adam"
+    rng = np.random.default_rng(8)
+    rows, n = 20_000, 400_000
+    indices = np.minimum(rng.zipf(1.2, n) - 1, rows - 1).astype(np.int64)
+    var, slots, grad = make_state(rule, dtype, (rows, 64), rng, grad_rows=n)
+    first = run_gpu(rule, dtype, var, slots, grad, HYPER[rule], {}, indices)
+    second = run_gpu(rule, dtype, var, slots, grad, HYPER[rule], {}, indices)
+    check_same(rule, dtype, first, second)
+    check_same(rule, dtype, first, run_cpu(rule, var, slots, grad, HYPER[rule], {}, indices))
+    dense_grad = rng.standard_normal(var.shape).astype(var.dtype)
+    a = run_gpu(rule, dtype, var, slots, dense_grad, HYPER[rule], {})
+    b = run_gpu(rule, dtype, var, slots, dense_grad, HYPER[rule], {})
+    check_same(rule, dtype, a, b)
+
+
+def test_runs_on_the_stream_given():
+    rule, dtype = "adagrad", "float32"
+    rng = np.random.default_rng(9)
+    indices = rng.integers(0, 100, 300).astype(np.int32)
+    var, slots, grad = make_state(rule, dtype, (100, 8), rng, grad_rows=300)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        gpu = run_gpu(rule, dtype, var, slots, grad, HYPER[rule], {}, indices, stream=stream.ptr)
+    check_same(rule, dtype, gpu, run_cpu(rule, var, slots, grad, HYPER[rule], {}, indices))
+
+
+def test_raw_pointer_interface_dicts():
+    rule, dtype = "adagrad", "float64"
+    rng = np.random.default_rng(10)
+    var, slots, grad = make_state(rule, dtype, (64,), rng)
+    d = [to_device(a) for a in (var, slots[0], grad)]
+    raw = [dict(data=(a.data.ptr, False), shape=a.shape, typestr=a.dtype.str, version=3) for a in d]
+    core_cuda.apply_dense(rule, raw[0], [raw[1]], raw[2], HYPER[rule])
+    cp.cuda.runtime.deviceSynchronize()
+    check_same(rule, dtype, (to_host(d[0], dtype), [to_host(d[1], dtype)]),
+               run_cpu(rule, var, slots, grad, HYPER[rule], {}))
