@@ -6,7 +6,12 @@ step (var and every slot) with the NumPy float64 reference, starting each step f
 the state the implementation under test actually produced.
 """
 
+import os
+import subprocess
+import sys
+
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import numpy_reference as npref
@@ -233,3 +238,24 @@ def check_steps(mode, rule, dtype, update_fn, sparse=False, index_dtype=np.int32
         return var_b, slots_b
     finally:
         runner.close()
+
+
+# tf.estimator ships with TF <= 2.15 only (tensorflow-estimator); CI runs the suite on
+# TF 2.15 too, where tests marked with this run.
+requires_estimator = pytest.mark.skipif(
+    getattr(tf.compat.v1, "estimator", None) is None,
+    reason="tf.compat.v1.estimator is absent in TensorFlow %s (removed in 2.16; "
+           "needs TF <= 2.15 + tensorflow-estimator)" % tf.__version__)
+
+
+def run_test_file_in_subprocess(path, env):
+    """Runs pytest on `path` in a fresh interpreter with `env` (for settings that must be
+    in place before TensorFlow is imported) and asserts everything there passed."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+         os.path.abspath(path)],
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(path))), env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+    tail = proc.stdout[-6000:]
+    assert proc.returncode == 0, tail
+    assert " passed" in tail and "skipped" not in tail and "failed" not in tail, tail

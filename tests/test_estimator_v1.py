@@ -11,20 +11,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import harness
 from fusedopt.compat import v1 as fv1
 
 
-def _estimator_module():
-    try:
-        return tf.compat.v1.estimator
-    except AttributeError:
-        return None
-
-
-pytestmark = pytest.mark.skipif(
-    _estimator_module() is None,
-    reason="tf.compat.v1.estimator is absent in TensorFlow %s (removed in 2.16; "
-           "needs TF <= 2.15 + tensorflow-estimator)" % tf.__version__)
+pytestmark = harness.requires_estimator
 
 ROWS, DIM, FEATURES = 8, 2, 3
 OPTIMIZERS = {

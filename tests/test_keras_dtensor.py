@@ -7,8 +7,6 @@ module re-runs itself in a subprocess (``FUSEDOPT_DTENSOR_CHILD=1``, and
 """
 
 import os
-import subprocess
-import sys
 
 CHILD = os.environ.get("FUSEDOPT_DTENSOR_CHILD") == "1"
 
@@ -20,14 +18,9 @@ if not CHILD:
         env = dict(os.environ, FUSEDOPT_DTENSOR_CHILD="1")
         if tuple(int(x) for x in tf.__version__.split(".")[:2]) >= (2, 16):
             env["TF_USE_LEGACY_KERAS"] = "1"  # tf.keras = tf_keras (TF 2.15 has no tf_keras)
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-             os.path.abspath(__file__)],
-            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
-        tail = proc.stdout[-6000:]
-        assert proc.returncode == 0, tail
-        assert " passed" in tail and "skipped" not in tail and "failed" not in tail, tail
+        import harness
+
+        harness.run_test_file_in_subprocess(__file__, env)
 
 else:
     import numpy as np

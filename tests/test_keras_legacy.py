@@ -8,8 +8,6 @@ subprocess with the variable set (one test here, every test there), so a plain
 """
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -25,14 +23,9 @@ if IN_SUBPROCESS:
 
     def test_legacy_suite_with_tf_use_legacy_keras():
         env = dict(os.environ, TF_USE_LEGACY_KERAS="1")
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-             os.path.abspath(__file__)],
-            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
-        tail = proc.stdout[-6000:]
-        assert proc.returncode == 0, tail
-        assert " passed" in tail and "skipped" not in tail and "failed" not in tail, tail
+        import harness
+
+        harness.run_test_file_in_subprocess(__file__, env)
 
 else:
     from fusedopt.keras import legacy as fl

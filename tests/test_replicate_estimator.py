@@ -11,21 +11,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import harness
 from fusedopt import estimator as fe
 from fusedopt.compat import v1 as fv1
 
 
-def _estimator_module():
-    try:
-        return tf.compat.v1.estimator
-    except AttributeError:
-        return None
-
-
-pytestmark = pytest.mark.skipif(
-    _estimator_module() is None,
-    reason="tf.compat.v1.estimator is absent in TensorFlow %s (removed in 2.16; "
-           "needs TF <= 2.15 + tensorflow-estimator)" % tf.__version__)
+pytestmark = harness.requires_estimator
 
 ROWS, DIM, FEATURES, BATCH, TOWERS = 10, 2, 3, 16, 2
 _W0 = np.random.default_rng(1).normal(size=(FEATURES, 1)).astype(np.float32)
