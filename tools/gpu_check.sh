@@ -3,7 +3,8 @@
 # The GPU harness, TensorFlow-free: builds fusedopt._core_cuda (nvcc + pybind11) and the CPU
 # fusedopt._core (g++) from this tree into a fresh build dir, then, where a CUDA device and
 # CuPy are available, runs tests/gpu (GPU vs CPU engine, every rule/dtype/index type,
-# duplicates, out-of-range, determinism) and tools/gpu_bench.py (GB/s vs a device copy).
+# duplicates, out-of-range, determinism), the same tests under compute-sanitizer memcheck and
+# racecheck, and tools/gpu_bench.py (GB/s vs a device copy).
 # Without a GPU it still builds everything, then prints "no GPU: skipped" and exits 0
 # (CI runs it that way). Results go to $OUT when set. Needs: nvcc, g++, PYTHON with
 # pybind11 and numpy (+ pytest, cupy, ml_dtypes to test). Device code is built for the
@@ -75,6 +76,17 @@ export FUSEDOPT_GPU_BUILD=$build PYTHONDONTWRITEBYTECODE=1
 junit=(); [[ -n $out ]] && junit=(--junitxml "$out/gpu_tests.xml")
 "$py" -m pytest -q -p no:cacheprovider -o addopts= "${junit[@]}" tests/gpu
 say "tests passed"
+# compute-sanitizer (memcheck: out-of-bounds/misaligned accesses; racecheck: shared-memory
+# hazards) over the GPU tests, unless GPU_CHECK_SANITIZE=0. Each tool re-runs the suite.
+if [[ ${GPU_CHECK_SANITIZE:-1} == 1 ]] && command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool "$tool" --error-exitcode 3 --target-processes all \
+      "$py" -m pytest -q -p no:cacheprovider -o addopts= -x tests/gpu
+    say "compute-sanitizer $tool: clean"
+  done
+else
+  say "compute-sanitizer: skipped (not on PATH or GPU_CHECK_SANITIZE=0)"
+fi
 "$py" tools/gpu_bench.py ${out:+--out "$out"}
 say "done in $((SECONDS - start)) s"
 } 2>&1 | log
