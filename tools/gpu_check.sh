@@ -76,7 +76,8 @@ export FUSEDOPT_GPU_BUILD=$build PYTHONDONTWRITEBYTECODE=1
 junit=(); [[ -n $out ]] && junit=(--junitxml "$out/gpu_tests.xml")
 "$py" -m pytest -q -p no:cacheprovider -o addopts= "${junit[@]}" tests/gpu
 say "tests passed"
-# compute-sanitizer (memcheck: out-of-bounds/misaligned accesses; racecheck: shared-memory
+"$py" tools/gpu_bench.py ${out:+--out "$out"}
+# Last, so the figures above are in $OUT even if time runs out: compute-sanitizer (memcheck: out-of-bounds/misaligned accesses; racecheck: shared-memory
 # hazards) over the GPU tests, unless GPU_CHECK_SANITIZE=0. Each tool re-runs the suite.
 if [[ ${GPU_CHECK_SANITIZE:-1} == 1 ]] && command -v compute-sanitizer >/dev/null; then
   for tool in memcheck racecheck; do
@@ -87,7 +88,6 @@ if [[ ${GPU_CHECK_SANITIZE:-1} == 1 ]] && command -v compute-sanitizer >/dev/nul
 else
   say "compute-sanitizer: skipped (not on PATH or GPU_CHECK_SANITIZE=0)"
 fi
-"$py" tools/gpu_bench.py ${out:+--out "$out"}
 say "done in $((SECONDS - start)) s"
 } 2>&1 | log
 exit "${PIPESTATUS[0]}"
