@@ -46,6 +46,7 @@ TF_SRCS = [
 # Layer 3: pybind11 module fusedopt._core over the same core.
 PYBIND_HDRS = [
     "cc/pybind/common.h",
+    "cc/pybind/bandwidth.h",
 ]
 PYBIND_SRCS = [
     "cc/pybind/core_module.cc",

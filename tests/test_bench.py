@@ -26,6 +26,8 @@ def test_quick_benchmark_runs_every_scenario_and_contenders_agree(tmp_path):
     }
     if importlib.util.find_spec("torch") is not None:
         expected["lazy_adam"].add("torch SparseAdam")
+    if importlib.util.find_spec("tensorflow_addons") is not None:
+        expected["lazy_adam"].add("tensorflow_addons LazyAdam")
     if importlib.util.find_spec("tf_keras") is not None:
         expected["lazy_adam"].add("tf_keras legacy Adam")
     for rule, names in expected.items():
@@ -39,3 +41,23 @@ def test_quick_benchmark_runs_every_scenario_and_contenders_agree(tmp_path):
     assert set(results["dense"]) == {"lazy_adam", "adamax", "adagrad"}
     assert "TF fused kernel" in results["dense"]["adagrad"]
     assert (tmp_path / "report.md").read_text().count("| aim |") == 1
+    probes = results["bandwidth"]["measured_GB_per_s"]
+    assert {k.split()[0] for k in probes} == {"copy", "triad", "update", "update3"}
+    assert all(v > 0 for v in probes.values())
+    assert results["bandwidth"]["fusedopt_op_adam_GB_per_s"] > 0
+    from fusedopt import bench
+    if bench.huge_pages_available():  # the huge-page child process ran and used them
+        huge = results["scaling"]["table_rows_huge_pages"]
+        assert set(huge) == set(results["scaling"]["table_rows"])
+        assert results["scaling"]["huge_pages_MB"] is not None
+
+
+def test_memory_bandwidth_probe_validates_and_measures():
+    import pytest
+    from fusedopt import _core
+    for kernel in ("copy", "triad", "update", "update3"):
+        assert 0 < _core.memory_bandwidth(kernel, 4096, 2, 2) < 1e5
+    with pytest.raises(ValueError, match="kernel must be"):
+        _core.memory_bandwidth("scale", 4096)
+    with pytest.raises(ValueError, match="n >= 16"):
+        _core.memory_bandwidth("copy", 8, 1, 1)

@@ -82,6 +82,16 @@ def test_info_command_lists_all_twelve_ops_with_cpu_kernels():
     assert re.search(r"^running_tensorflow\s+\d+\.\d+", out, re.M)
 
 
+def test_info_reports_whether_tables_get_huge_pages():
+    from fusedopt import info
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    for extra, expected in [({}, "off"), ({"GLIBC_TUNABLES": info.HUGE_PAGES_TUNABLE}, "on")]:
+        out = subprocess.run([sys.executable, "-m", "fusedopt.info"], capture_output=True,
+                             text=True, check=True, env={**env, **extra}).stdout
+        line = re.search(r"^huge_pages_for_tables\s+(\w+)", out, re.M).group(1)
+        assert line == (expected if info.huge_pages_available() else "unavailable")
+
+
 def interesting_float32():
     """Rounding edge cases of both 16-bit formats, plus a dense random sweep."""
     rng = np.random.default_rng(0)

@@ -196,6 +196,28 @@ def test_duplicates_equal_presummed(rule, dtype, index_dtype):
         assert x[[1, 4]].tobytes() == before[[1, 4]].tobytes()
 
 
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_coalescing_buffers_reused_across_calls_of_any_size(num_threads):
+    # The engine keeps its duplicate-grouping table per thread between calls: growing,
+    # shrinking, all-unique after duplicates, and a batch past the retention limit
+    # (> 2^20 ids, which drops the table afterwards) must all group exactly.
+    rng = np.random.default_rng(31)
+    rows = 3000
+    var, slots = harness.make_state("lazy_adam", (rows, 1), "double", rng)
+    hyper = harness.hyper_for("lazy_adam", "double", 1)
+    for n, unique in [(50, False), (5000, False), (7, False), (2000, True), (1 << 20 | 3, False),
+                      (300, False), (1, False)]:
+        indices = (rng.permutation(rows)[:n] if unique else rng.integers(0, rows, n)).astype(np.int64)
+        grad = rng.normal(0, 1, (n, 1))
+        exp_var, exp_slots = npref.sparse_update("lazy_adam", var.copy(), _copy(slots), grad,
+                                                 indices, hyper, {})
+        _core.apply_sparse("lazy_adam", var, slots, grad, indices, hyper, {},
+                           num_threads=num_threads)
+        npref.assert_close(var, exp_var, "double", f"var after a batch of {n}")
+        for got, exp in zip(slots, exp_slots):
+            npref.assert_close(got, exp, "double", f"slot after a batch of {n}")
+
+
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=_ids)
 @pytest.mark.parametrize("rule", RULE_NAMES)
 def test_empty_indices_and_empty_var(rule, index_dtype):

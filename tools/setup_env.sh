@@ -13,7 +13,9 @@ common=(pybind11==3.1.0 pytest==9.2.0 hypothesis==6.170.17 wheel==0.48.0)
 case $version in
   # setuptools >= 77: what torch (benchmark peer) requires, and PEP 639 license metadata.
   2.21) packages=(tensorflow-cpu==2.21.0 setuptools==84.2.1 "${common[@]}") ;;
-  2.15) packages=(tensorflow-cpu==2.15.1 tensorflow-estimator==2.15.0 "${common[@]}") ;;
+  # tensorflow-addons 0.23 (the last release, TF 2.13-2.15): its LazyAdam is a benchmark peer.
+  2.15) packages=(tensorflow-cpu==2.15.1 tensorflow-estimator==2.15.0 tensorflow-addons==0.23.0
+                  "typeguard<3" "${common[@]}") ;;
   *) echo "unsupported TensorFlow version $version (2.21 or 2.15)" >&2; exit 2 ;;
 esac
 

@@ -38,47 +38,78 @@ std::string CheckIndices(const Index* indices, int64_t n, int64_t num_rows) {
          std::to_string(num_rows) + ")";
 }
 
-// Requires CheckIndices to have passed (indices are non-negative).
-template <typename Index>
-RowGroups CoalesceIndices(const Index* indices, int64_t n) {
-  RowGroups groups;
-  groups.rows.reserve(n);
-  // Open addressing keyed by row; -1 marks an empty slot (rows are >= 0).
-  int shift = 64 - 4;
-  int64_t capacity = 16;
-  while (capacity < 2 * n) {
-    capacity *= 2;
-    --shift;
-  }
-  std::vector<int64_t> keys(capacity, -1);
-  std::vector<int64_t> group_of_key(capacity);
-  std::vector<int64_t> group_of_position(n);
-  const uint64_t mask = static_cast<uint64_t>(capacity - 1);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t row = static_cast<int64_t>(indices[i]);
-    uint64_t slot = (static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ull) >> shift;
-    while (keys[slot] != -1 && keys[slot] != row) slot = (slot + 1) & mask;
-    if (keys[slot] == -1) {
-      keys[slot] = row;
-      group_of_key[slot] = groups.size();
-      groups.rows.push_back(row);
+// Groups indices by row; requires CheckIndices to have passed (indices are >= 0).
+// Keeps its hash table and buffers between calls, so a training step does not pay
+// to allocate and page-fault them again (that was a quarter of a 16K-id step).
+class Coalescer {
+ public:
+  template <typename Index>
+  const RowGroups& Group(const Index* indices, int64_t n) {
+    RowGroups& groups = groups_;
+    groups.rows.clear();
+    groups.positions.clear();
+    Reserve(n);
+    const uint64_t mask = static_cast<uint64_t>(keys_.size() - 1);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t row = static_cast<int64_t>(indices[i]);
+      uint64_t slot = (static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ull) >> shift_;
+      while (keys_[slot] != -1 && keys_[slot] != row) slot = (slot + 1) & mask;
+      if (keys_[slot] == -1) {
+        keys_[slot] = row;
+        group_of_key_[slot] = groups.size();
+        used_slots_.push_back(slot);
+        groups.rows.push_back(row);
+      }
+      group_of_position_[i] = group_of_key_[slot];
     }
-    group_of_position[i] = group_of_key[slot];
-  }
-  const int64_t num_groups = groups.size();
-  groups.offsets.assign(num_groups + 1, 0);
-  if (num_groups == n) {  // no duplicates: group g is position g
-    for (int64_t g = 0; g <= n; ++g) groups.offsets[g] = g;
+    for (const uint64_t slot : used_slots_) keys_[slot] = -1;  // empty again, in O(groups)
+    used_slots_.clear();
+    const int64_t num_groups = groups.size();
+    groups.offsets.assign(num_groups + 1, 0);
+    if (num_groups == n) {  // no duplicates: group g is position g
+      for (int64_t g = 0; g <= n; ++g) groups.offsets[g] = g;
+    } else {
+      // Counting sort of positions by group; stable, so positions stay ascending.
+      for (int64_t i = 0; i < n; ++i) ++groups.offsets[group_of_position_[i] + 1];
+      for (int64_t g = 0; g < num_groups; ++g) groups.offsets[g + 1] += groups.offsets[g];
+      groups.positions.resize(n);
+      cursor_.assign(groups.offsets.begin(), groups.offsets.end() - 1);
+      for (int64_t i = 0; i < n; ++i) groups.positions[cursor_[group_of_position_[i]]++] = i;
+    }
     return groups;
   }
-  // Counting sort of positions by group; stable, so positions stay ascending.
-  for (int64_t i = 0; i < n; ++i) ++groups.offsets[group_of_position[i] + 1];
-  for (int64_t g = 0; g < num_groups; ++g) groups.offsets[g + 1] += groups.offsets[g];
-  groups.positions.resize(n);
-  std::vector<int64_t> cursor(groups.offsets.begin(), groups.offsets.end() - 1);
-  for (int64_t i = 0; i < n; ++i) groups.positions[cursor[group_of_position[i]]++] = i;
-  return groups;
-}
+
+  // Drops the buffers when the last call needed more than `max_slots` hash slots, so
+  // one huge batch does not pin its working memory for the life of the thread.
+  void ReleaseIfAbove(int64_t max_slots) {
+    if (static_cast<int64_t>(keys_.size()) > max_slots) *this = Coalescer();
+  }
+
+ private:
+  void Reserve(int64_t n) {
+    int shift = 64 - 4;
+    int64_t capacity = 16;
+    while (capacity < 2 * n) {
+      capacity *= 2;
+      --shift;
+    }
+    if (static_cast<int64_t>(keys_.size()) < capacity) {
+      keys_.assign(capacity, -1);
+      group_of_key_.resize(capacity);
+      shift_ = shift;
+    }
+    // A larger table than needed is fine: shift_ matches keys_.size().
+    if (static_cast<int64_t>(group_of_position_.size()) < n) group_of_position_.resize(n);
+  }
+
+  RowGroups groups_;
+  std::vector<int64_t> keys_;  // open addressing keyed by row; -1 marks an empty slot
+  std::vector<int64_t> group_of_key_;
+  std::vector<uint64_t> used_slots_;
+  std::vector<int64_t> group_of_position_;
+  std::vector<int64_t> cursor_;
+  int shift_ = 64 - 4;
+};
 
 }  // namespace fusedopt
 

@@ -6,6 +6,7 @@
 #ifndef FUSEDOPT_CC_CORE_ENGINE_H_
 #define FUSEDOPT_CC_CORE_ENGINE_H_
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <string>
@@ -71,6 +72,26 @@ void UpdateSpan(const ParamsFor<Rule, T>& p, T* __restrict var, T* const* slots,
   }
 }
 
+// Rows are scattered over tables far larger than the caches, so each row's first
+// touch of var and every slot is a DRAM (and often TLB) miss the hardware prefetcher
+// cannot predict. Asking for the rows a few groups ahead overlaps those misses.
+constexpr int64_t kPrefetchRows = 8;  // measured best of 2..32 at 16K rows of 64 floats
+
+template <typename Rule, typename T>
+inline void PrefetchRow(const T* var, T* const* slots, int64_t offset, int64_t row_bytes) {
+  const int64_t lines = row_bytes < 1024 ? row_bytes : 1024;  // the rest streams in
+  for (int64_t b = 0; b < lines; b += 64) {
+    __builtin_prefetch(reinterpret_cast<const char*>(var + offset) + b, 1);
+    for (int k = 0; k < NumSlots<Rule>(); ++k) {
+      __builtin_prefetch(reinterpret_cast<const char*>(slots[k] + offset) + b, 1);
+    }
+  }
+}
+
+// Hash slots (16 bytes each) a thread keeps between sparse calls: 2^21 = 32 MB covers
+// batches of up to 1M ids.
+constexpr int64_t kMaxRetainedHashSlots = int64_t{1} << 21;
+
 // Rough cycles per element of one update, for the executor's work splitting.
 constexpr int64_t kCyclesPerElement = 12;
 
@@ -103,12 +124,21 @@ std::string ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, in
   using C = ComputeType<T>;
   std::string error = CheckIndices(indices, n, num_rows);
   if (!error.empty() || n == 0 || row_size == 0) return error;
-  const RowGroups groups = CoalesceIndices(indices, n);
+  thread_local Coalescer coalescer;  // reused across calls on this thread
+  const RowGroups& groups = coalescer.Group(indices, n);
   const int64_t cost = row_size * detail::kCyclesPerElement * n / groups.size();
+  const int64_t row_bytes = row_size * static_cast<int64_t>(sizeof(T));
   executor.ParallelFor(groups.size(), cost, [&](int64_t first, int64_t last) {
     std::vector<C> summed;  // per block, reused across its rows
     std::array<T*, NumSlots<Rule>()> s;
+    for (int64_t g = first; g < std::min(last, first + detail::kPrefetchRows); ++g) {
+      detail::PrefetchRow<Rule>(var, slots, groups.rows[g] * row_size, row_bytes);
+    }
     for (int64_t g = first; g < last; ++g) {
+      if (g + detail::kPrefetchRows < last) {
+        detail::PrefetchRow<Rule>(var, slots, groups.rows[g + detail::kPrefetchRows] * row_size,
+                                  row_bytes);
+      }
       const int64_t offset = groups.rows[g] * row_size;
       for (int k = 0; k < NumSlots<Rule>(); ++k) s[k] = slots[k] + offset;
       const int64_t begin = groups.offsets[g], end = groups.offsets[g + 1];
@@ -129,6 +159,7 @@ std::string ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, in
       detail::UpdateSpan<Rule, T, C>(p, var + offset, s.data(), summed.data(), row_size);
     }
   });
+  coalescer.ReleaseIfAbove(detail::kMaxRetainedHashSlots);
   return "";
 }
 

@@ -12,6 +12,7 @@
 #include "cc/core/engine.h"
 #include "cc/core/rules/all_rules.h"
 #include "cc/core/validate.h"
+#include "cc/pybind/bandwidth.h"
 #include "cc/pybind/common.h"
 
 namespace py = pybind11;
@@ -148,6 +149,15 @@ PYBIND11_MODULE(_core, m) {
         "float32 -> float16/bfloat16 bit patterns, rounded as the kernels store them.");
   m.def("widen_to_float32", &WidenToFloat32, py::arg("bits"), py::arg("dtype"),
         "float16/bfloat16 bit patterns -> float32, as the kernels load them.");
+  m.def(
+      "memory_bandwidth",
+      [](const std::string& kernel, int64_t n, int num_threads, int repeats) {
+        py::gil_scoped_release release;
+        return bandwidth::Measure(kernel, n, num_threads, repeats);
+      },
+      py::arg("kernel"), py::arg("n"), py::arg("num_threads") = 1, py::arg("repeats") = 5,
+      "Best GB/s of a STREAM-style probe ('copy', 'triad': non-temporal stores; 'update': "
+      "a += s*b in place) over arrays of n float32 on num_threads threads.");
   m.def(
       "apply_dense",
       [](const std::string& rule, py::array var, py::list slots, py::array grad,

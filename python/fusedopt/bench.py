@@ -173,6 +173,10 @@ def tf_contenders_sparse(tf, problem, rule):
         if legacy is not None:
             contenders["tf_keras legacy Adam"] = (keras_optimizer(
                 lambda: legacy.optimizers.legacy.Adam(LR, BETA1, BETA2, EPS)), "dense")
+        tfa = _tensorflow_addons()
+        if tfa is not None:  # the real thing (TF <= 2.15): Keras 2 legacy optimizer, lazy rows
+            contenders["tensorflow_addons LazyAdam"] = (keras_optimizer(
+                lambda: tfa.optimizers.LazyAdam(LR, BETA1, BETA2, EPS)), "lazy")
         fk = _fusedopt_keras()
         if fk is not None:
             contenders["fusedopt.keras.LazyAdam"] = (keras_optimizer(
@@ -244,6 +248,17 @@ def _tf_keras():
     try:
         import tf_keras
         return tf_keras
+    except ImportError:
+        return None
+
+
+def _tensorflow_addons():
+    import warnings
+    try:
+        with warnings.catch_warnings():  # its end-of-life notice
+            warnings.simplefilter("ignore")
+            import tensorflow_addons
+        return tensorflow_addons
     except ImportError:
         return None
 
@@ -420,93 +435,125 @@ def scenario_dense(tf, cfg, progress):
     return out
 
 
-def scenario_scaling(tf, cfg, progress):
+def huge_pages_available():
+    from fusedopt.info import huge_pages_available as available
+    return available()
+
+
+def anon_huge_pages_mb():
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def time_sparse_lazy_adam(tf, cfg, rows, ids):
+    """Median ms per fused sparse LazyAdam step: `ids` uniform ids into a rows x dim table."""
     from fusedopt import ops
 
-    out = {"touched_rows": {}, "table_rows": {}}
     dim = cfg["dim"]
+    rng = np.random.default_rng(2)
+    var, m, v = (tf.Variable(tf.zeros([rows, dim])) for _ in range(3))
+    batches = [(tf.constant(rng.integers(0, rows, ids)),
+                tf.constant(rng.normal(0, 1, (ids, dim)).astype(np.float32)))
+               for _ in range(2)]
+    f = quiet_function(tf, lambda i, g: ops.resource_sparse_apply_lazy_adam(
+        var, m, v, 0.5, 0.5, LR, BETA1, BETA2, EPS, g, i))
+    c = {"t": 0}
 
-    def time_lazy_adam(rows, ids):
-        rng = np.random.default_rng(2)
-        var = tf.Variable(tf.zeros([rows, dim]))
-        m, v = tf.Variable(tf.zeros([rows, dim])), tf.Variable(tf.zeros([rows, dim]))
-        batches = [(tf.constant(rng.integers(0, rows, ids)),
-                    tf.constant(rng.normal(0, 1, (ids, dim)).astype(np.float32)))
-                   for _ in range(2)]
-        f = quiet_function(tf, lambda i, g: ops.resource_sparse_apply_lazy_adam(
-            var, m, v, 0.5, 0.5, LR, BETA1, BETA2, EPS, g, i))
-        c = {"t": 0}
+    def step():
+        c["t"] += 1
+        f(*batches[c["t"] % 2])
+    times = time_contenders({"fusedopt": step}, cfg["scaling_steps"], cfg["repeats"],
+                            lambda _: None)["fusedopt"]
+    return 1e3 * float(np.median(times))
 
-        def step():
-            c["t"] += 1
-            f(*batches[c["t"] % 2])
-        times = time_contenders({"fusedopt": step}, cfg["scaling_steps"], cfg["repeats"],
-                                lambda _: None)["fusedopt"]
-        return 1e3 * float(np.median(times))
 
+def table_scaling(tf, cfg):
+    """{table rows: ms} at fixed touched rows, plus the huge-page memory seen at the end."""
+    out = {rows: time_sparse_lazy_adam(tf, cfg, rows, cfg["scaling_ids"]) for rows in cfg["tables"]}
+    return out, anon_huge_pages_mb()
+
+
+def scenario_scaling(tf, cfg, progress, quick):
+    """Step time vs touched rows, and vs table rows twice: with the process's default
+    (4 KB) pages, and in a child process whose malloc backs tables with transparent
+    huge pages. Rows of a 10M-row table sit on different pages, so with 4 KB pages
+    nearly every row costs a TLB miss and page walk on top of its DRAM miss."""
+    import subprocess
+
+    from fusedopt.info import HUGE_PAGES_TUNABLE
+
+    out = {"touched_rows": {}, "table_rows": {}}
     for ids in cfg["touched"]:
-        out["touched_rows"][ids] = time_lazy_adam(cfg["scaling_table"], ids)
+        out["touched_rows"][ids] = time_sparse_lazy_adam(tf, cfg, cfg["scaling_table"], ids)
         progress(f"scaling: {ids:,} touched rows -> {out['touched_rows'][ids]:.2f} ms")
-    for rows in cfg["tables"]:
-        out["table_rows"][rows] = time_lazy_adam(rows, cfg["scaling_ids"])
-        progress(f"scaling: {rows:,} table rows -> {out['table_rows'][rows]:.2f} ms")
+    out["table_rows"], _ = table_scaling(tf, cfg)
+    progress(f"scaling: table rows (4 KB pages) -> {out['table_rows']}")
+    if huge_pages_available():
+        child = subprocess.run(
+            [sys.executable, "-m", "fusedopt.bench", "--table-scaling-child"]
+            + (["--quick"] if quick else []),
+            env={**os.environ, "GLIBC_TUNABLES": HUGE_PAGES_TUNABLE}, capture_output=True,
+            text=True, check=True)
+        result = json.loads(child.stdout.strip().splitlines()[-1])
+        out["table_rows_huge_pages"] = {int(k): v for k, v in result["ms"].items()}
+        out["huge_pages_MB"] = result["anon_huge_pages_MB"]
+        progress(f"scaling: table rows (huge pages, {result['anon_huge_pages_MB']} MB of them) -> "
+                 f"{out['table_rows_huge_pages']}")
     return out
 
 
-def scenario_bandwidth(tf, cfg, progress, dense_results):
-    """Memory bandwidth this machine sustains, and fusedopt's share of it."""
-    from fusedopt import _core
+def scenario_bandwidth(tf, cfg, progress):
+    """Memory bandwidth this machine sustains, and fusedopt's share of it.
 
-    n = cfg["dense_params"]
-    src = np.ones(n, np.float32)
-    dst = np.empty_like(src)
-    a, b = tf.constant(src), tf.constant(np.full(n, 2, np.float32))
-    # Triad on TF's thread pool. Its result is a fresh buffer that must be computed (an
-    # assign of an existing tensor may only alias it and move no bytes).
-    triad_tf = tf.function(lambda: tf.reduce_sum((a + 3.0 * b)[:1]))
+    Probes and Adam run on arrays far larger than the last-level cache at full size
+    (the dense scenario's 16M parameters, 256 MB with slots, partly fit in a large L3),
+    so both measure DRAM. Probes: ``fusedopt._core.memory_bandwidth`` (C++ threads,
+    STREAM-style, bytes that actually cross the bus; "update3" has Adam's exact traffic
+    with no math; see cc/pybind/bandwidth.h). The aim compares with the best probe.
+    """
+    from fusedopt import _core, ops
 
-    def triad_np(lo=0, hi=n):
-        np.add(src[lo:hi], np.multiply(dst[lo:hi], 3.0, out=dst[lo:hi]), out=dst[lo:hi])
+    n = cfg["bandwidth_params"]
+    reps = cfg["repeats"]
+    measured = {f"{kernel} ({THREADS} threads)": _core.memory_bandwidth(kernel, n, THREADS, reps)
+                for kernel in ("copy", "triad", "update", "update3")}
+    peak = max(measured.values())
+    progress(f"bandwidth probes: {', '.join(f'{k} {v:.1f} GB/s' for k, v in measured.items())}")
+    bytes_adam = 7 * 4 * n  # read var, m, v, grad; write var, m, v
 
-    def on_threads(fn):  # NumPy releases the GIL in copies and ufuncs: one half per thread
-        from concurrent.futures import ThreadPoolExecutor
-        pool = ThreadPoolExecutor(THREADS)
-        bounds = np.linspace(0, n, THREADS + 1).astype(int)
-        return lambda: list(pool.map(lambda i: fn(bounds[i], bounds[i + 1]), range(THREADS)))
-
-    def copy_np(lo=0, hi=n):
-        np.copyto(dst[lo:hi], src[lo:hi])
-    results = {}
-    for name, fn, bytes_moved in [("numpy copy (1 thread)", copy_np, 8 * n),
-                                  (f"numpy copy ({THREADS} threads)", on_threads(copy_np), 8 * n),
-                                  (f"numpy triad ({THREADS} threads)", on_threads(triad_np), 12 * n),
-                                  ("TF triad (pool, allocates its output)", triad_tf, 12 * n)]:
+    def best_seconds(fn):
         fn()
         ts = []
-        for _ in range(cfg["repeats"] * 3):
+        for _ in range(reps):
             start = time.perf_counter()
             fn()
             ts.append(time.perf_counter() - start)
-        results[name] = bytes_moved / float(np.median(ts)) / 1e9
-    # The raw kernel without TF dispatch.
-    var, m, v = np.zeros(n, np.float32), np.zeros(n, np.float32), np.zeros(n, np.float32)
-    grad = np.ones(n, np.float32)
+        return min(ts)  # best of, as the probes report
+
+    var, m, v = (tf.Variable(tf.zeros([n])) for _ in range(3))
+    grad = tf.fill([n], 0.5)
+    op_step = quiet_function(tf, lambda: ops.resource_apply_lazy_adam(
+        var, m, v, 0.9, 0.999, LR, BETA1, BETA2, EPS, grad))
+    op_gbs = bytes_adam / best_seconds(op_step) / 1e9
+    del var, m, v, grad, op_step
+    gc.collect()
+    arrays = [np.zeros(n, np.float32) for _ in range(3)]
+    g = np.full(n, 0.5, np.float32)
     hyper = dict(beta1_power=0.9, beta2_power=0.999, lr=LR, beta1=BETA1, beta2=BETA2, epsilon=EPS)
-    ts = []
-    for _ in range(cfg["repeats"] * 3):
-        start = time.perf_counter()
-        _core.apply_dense("lazy_adam", var, [m, v], grad, hyper, num_threads=THREADS)
-        ts.append(time.perf_counter() - start)
-    peak = max(results.values())
-    bytes_adam = 7 * 4 * n
-    out = {"measured_GB_per_s": results, "peak_GB_per_s": peak,
-           "fusedopt_core_adam_GB_per_s": bytes_adam / float(np.median(ts)) / 1e9}
-    out["fusedopt_core_adam_pct"] = 100 * out["fusedopt_core_adam_GB_per_s"] / peak
-    op_gbs = dense_results["lazy_adam"]["fusedopt (raw op)"]["GB_per_s"]
-    out["fusedopt_op_adam_GB_per_s"] = op_gbs
-    out["fusedopt_op_adam_pct"] = 100 * op_gbs / peak
+    core_gbs = bytes_adam / best_seconds(lambda: _core.apply_dense(
+        "lazy_adam", arrays[0], arrays[1:], g, hyper, num_threads=THREADS)) / 1e9
+    out = {"params": n, "measured_GB_per_s": measured, "peak_GB_per_s": peak,
+           "fusedopt_op_adam_GB_per_s": op_gbs, "fusedopt_op_adam_pct": 100 * op_gbs / peak,
+           "fusedopt_core_adam_GB_per_s": core_gbs,
+           "fusedopt_core_adam_pct": 100 * core_gbs / peak}
     progress(f"bandwidth: peak {peak:.1f} GB/s; fused Adam op {op_gbs:.1f} GB/s "
-             f"({out['fusedopt_op_adam_pct']:.0f}%)")
+             f"({out['fusedopt_op_adam_pct']:.0f}%), raw kernel {core_gbs:.1f} GB/s")
     return out
 
 
@@ -552,6 +599,9 @@ def aims(results):
                      "met": met})
     add("sparse LazyAdam vs tf.keras Adam", lazy["tf.keras Adam"]["x_fusedopt"], 10)
     add("sparse LazyAdam vs composed gather/scatter", lazy["composed gather/scatter"]["x_fusedopt"], 2)
+    if "tensorflow_addons LazyAdam" in lazy:
+        add("sparse LazyAdam vs tensorflow_addons LazyAdam",
+            lazy["tensorflow_addons LazyAdam"]["x_fusedopt"], 2)
     if "torch SparseAdam" in lazy:
         add("sparse LazyAdam vs torch SparseAdam", lazy["torch SparseAdam"]["x_fusedopt"], 1)
     add("sparse Adagrad vs TF fused (+dedup)",
@@ -560,10 +610,12 @@ def aims(results):
         add(f"dense {rule} vs TF fused kernel", dense[rule]["TF fused kernel"]["x_fusedopt"], 1)
         add(f"dense {rule} vs tf.keras composed", dense[rule]["tf.keras (composed)"]["x_fusedopt"], 2)
     add("dense Adam op, % of measured bandwidth", results["bandwidth"]["fusedopt_op_adam_pct"], 60)
-    tables = results["scaling"]["table_rows"]
-    small, large = min(tables, key=int), max(tables, key=int)
-    add(f"step time at {int(large):,} table rows / at {int(small):,}", tables[large] / tables[small],
-        1.3, at_most=True)
+    for key, pages in [("table_rows", "4 KB pages"), ("table_rows_huge_pages", "huge pages")]:
+        tables = results["scaling"].get(key)
+        if tables:
+            small, large = min(tables, key=int), max(tables, key=int)
+            add(f"step time at {int(large):,} table rows / at {int(small):,} ({pages})",
+                tables[large] / tables[small], 1.3, at_most=True)
     return rows
 
 
@@ -599,13 +651,19 @@ def markdown(results, command):
     lines += ["### Scaling (fusedopt sparse LazyAdam, ms per step)", "",
               "| touched rows | ms |", "|---|---|"]
     lines += [f"| {int(k):,} | {v:.2f} |" for k, v in sc["touched_rows"].items()]
-    lines += ["", "| table rows | ms |", "|---|---|"]
-    lines += [f"| {int(k):,} | {v:.2f} |" for k, v in sc["table_rows"].items()]
+    huge = {int(k): v for k, v in sc.get("table_rows_huge_pages", {}).items()}
+    lines += ["", "| table rows | ms, 4 KB pages | ms, huge pages (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`) |",
+              "|---|---|---|"]
+    lines += [f"| {int(k):,} | {v:.2f} | "
+              + (f"{huge[int(k)]:.2f} |" if int(k) in huge else "n/a |")
+              for k, v in sc["table_rows"].items()]
     bw = results["bandwidth"]
     lines += ["", "### Memory bandwidth", "",
-              f"Measured: {', '.join(f'{k} {v:.1f} GB/s' for k, v in bw['measured_GB_per_s'].items())}. "
+              f"Arrays of {bw['params']:,} float32 each. Probes "
+              f"(`fusedopt._core.memory_bandwidth`, best of {results['environment']['config']['repeats']}): "
+              f"{', '.join(f'{k} {v:.1f} GB/s' for k, v in bw['measured_GB_per_s'].items())}. "
               f"Dense Adam moves 28 bytes/parameter: fused op {bw['fusedopt_op_adam_GB_per_s']:.1f} GB/s "
-              f"({bw['fusedopt_op_adam_pct']:.0f}% of peak), raw kernel via fusedopt._core "
+              f"({bw['fusedopt_op_adam_pct']:.0f}% of the best probe), raw kernel via fusedopt._core "
               f"{bw['fusedopt_core_adam_GB_per_s']:.1f} GB/s ({bw['fusedopt_core_adam_pct']:.0f}%).", ""]
     ms = results["many_small"]
     lines += ["### Many small variables (one step)", "", "| contender | median ms | x fusedopt |",
@@ -638,12 +696,18 @@ def plot(results, path):
     axes[0].set_xlabel("step time / fusedopt's (higher = fusedopt faster)")
     axes[0].tick_params(axis="y", labelsize=6)
     sc = results["scaling"]
-    for ax, key, label in [(axes[1], "touched_rows", "touched rows"), (axes[2], "table_rows", "table rows")]:
+    for ax, key, label, legend in [(axes[1], "touched_rows", "touched rows", "1M-row table"),
+                                   (axes[2], "table_rows", "table rows", "4 KB pages"),
+                                   (axes[2], "table_rows_huge_pages", "table rows", "huge pages")]:
+        if key not in sc:
+            continue
         xs = [int(k) for k in sc[key]]
-        ax.plot(xs, list(sc[key].values()), "o-")
+        ax.plot(xs, list(sc[key].values()), "o-", label=legend)
         ax.set_xscale("log")
         ax.set_xlabel(label)
         ax.set_ylabel("ms / step (fusedopt sparse LazyAdam)")
+    axes[1].legend()
+    axes[2].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     return True
@@ -652,11 +716,11 @@ def plot(results, path):
 def configs(quick):
     if quick:
         return dict(rows=2000, dim=8, ids=300, check_steps=3, steps=3, repeats=2,
-                    dense_params=4096, dense_steps=3, touched=[16, 64], tables=[1000, 4000],
+                    dense_params=4096, dense_steps=3, bandwidth_params=1 << 16, touched=[16, 64], tables=[1000, 4000],
                     scaling_table=4000, scaling_ids=64, scaling_steps=3,
                     small_vars=20, small_size=64, small_steps=2)
     return dict(rows=1_000_000, dim=64, ids=16_384, check_steps=3, steps=20, repeats=5,
-                dense_params=16 * 2**20, dense_steps=10,
+                dense_params=16 * 2**20, dense_steps=10, bandwidth_params=1 << 27,
                 touched=[1024, 4096, 16384, 65536, 262144], tables=[100_000, 1_000_000, 10_000_000],
                 scaling_table=1_000_000, scaling_ids=16_384, scaling_steps=20,
                 small_vars=500, small_size=4096, small_steps=10)
@@ -667,6 +731,7 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run for CI")
     p.add_argument("--out", default="bench_results", help="directory for results.json and the plot")
     p.add_argument("--markdown", help="also write the markdown report to this file")
+    p.add_argument("--table-scaling-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--scenarios", default="sparse,dense,scaling,bandwidth,many_small",
                    help="comma-separated subset to (re)run; the others are kept from an "
                         "existing <out>/results.json")
@@ -679,6 +744,10 @@ def main(argv=None):
     tf.config.threading.set_intra_op_parallelism_threads(THREADS)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     cfg = configs(args.quick)
+    if args.table_scaling_child:  # run by scenario_scaling with huge pages enabled
+        ms, huge_mb = table_scaling(tf, cfg)
+        print(json.dumps({"ms": ms, "anon_huge_pages_MB": huge_mb}))
+        return 0
     os.makedirs(args.out, exist_ok=True)
     started = time.time()
 
@@ -707,8 +776,8 @@ def main(argv=None):
 
     for key, run in [("sparse", lambda: scenario_sparse(tf, cfg, progress)),
                      ("dense", lambda: scenario_dense(tf, cfg, progress)),
-                     ("scaling", lambda: scenario_scaling(tf, cfg, progress)),
-                     ("bandwidth", lambda: scenario_bandwidth(tf, cfg, progress, results["dense"])),
+                     ("scaling", lambda: scenario_scaling(tf, cfg, progress, args.quick)),
+                     ("bandwidth", lambda: scenario_bandwidth(tf, cfg, progress)),
                      ("many_small", lambda: scenario_many_small(tf, cfg, progress))]:
         if key not in selected:
             continue

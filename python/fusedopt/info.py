@@ -1,7 +1,38 @@
 """``python -m fusedopt.info``: what this fusedopt build is and what it registers."""
+import os
+import platform
+
 import fusedopt
 from fusedopt import _loader
 from fusedopt.ops import RULES, VARIANTS, load_library, op_name
+
+
+HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
+
+
+def huge_pages_available():
+    """Whether glibc's malloc can be told to back big allocations with transparent huge
+    pages (THP not 'never', glibc >= 2.35). TensorFlow's CPU allocator uses malloc."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            if "[never]" in f.read():
+                return False
+    except OSError:
+        return False
+    libc, version = platform.libc_ver()
+    try:
+        return libc == "glibc" and tuple(int(x) for x in version.split(".")[:2]) >= (2, 35)
+    except ValueError:
+        return False
+
+
+def huge_pages_status():
+    """One line: are big tables of this process on huge pages (see README, Performance)?"""
+    if not huge_pages_available():
+        return "unavailable (needs glibc >= 2.35 and transparent huge pages not 'never')"
+    if HUGE_PAGES_TUNABLE in os.environ.get("GLIBC_TUNABLES", ""):
+        return f"on (GLIBC_TUNABLES={HUGE_PAGES_TUNABLE})"
+    return f"off (start with GLIBC_TUNABLES={HUGE_PAGES_TUNABLE} for tables of millions of rows)"
 
 
 def describe():
@@ -27,6 +58,7 @@ def describe():
         "compiler": info.get("compiler"),
         "cpu_kernels": "CPU" in all_devices,
         "cuda_kernels": "GPU" in all_devices,
+        "huge_pages_for_tables": huge_pages_status(),
         "ops": ops,
     }
 
