@@ -76,10 +76,11 @@ void UpdateSpan(const ParamsFor<Rule, T>& p, T* __restrict var, T* const* slots,
 // touch of var and every slot is a DRAM (and often TLB) miss the hardware prefetcher
 // cannot predict. Asking for the rows a few groups ahead overlaps those misses.
 constexpr int64_t kPrefetchRows = 8;  // measured best of 2..32 at 16K rows of 64 floats
+constexpr int64_t kPrefetchBytes = 1024;  // of each row; the rest streams in
 
 template <typename Rule, typename T>
 inline void PrefetchRow(const T* var, T* const* slots, int64_t offset, int64_t row_bytes) {
-  const int64_t lines = row_bytes < 1024 ? row_bytes : 1024;  // the rest streams in
+  const int64_t lines = row_bytes < kPrefetchBytes ? row_bytes : kPrefetchBytes;
   for (int64_t b = 0; b < lines; b += 64) {
     __builtin_prefetch(reinterpret_cast<const char*>(var + offset) + b, 1);
     for (int k = 0; k < NumSlots<Rule>(); ++k) {

@@ -451,32 +451,37 @@ def anon_huge_pages_mb():
     return None
 
 
-def time_sparse_lazy_adam(tf, cfg, rows, ids):
-    """Median ms per fused sparse LazyAdam step: `ids` uniform ids into a rows x dim table."""
+def sparse_lazy_adam_step(tf, cfg, rows, ids, num_batches):
+    """A fused sparse LazyAdam step on a rows x dim table, cycling through `num_batches`
+    batches of `ids` uniform ids (more batches: fewer rows still cached from before)."""
     from fusedopt import ops
 
-    dim = cfg["dim"]
     rng = np.random.default_rng(2)
-    var, m, v = (tf.Variable(tf.zeros([rows, dim])) for _ in range(3))
+    var, m, v = (tf.Variable(tf.zeros([rows, cfg["dim"]])) for _ in range(3))
     batches = [(tf.constant(rng.integers(0, rows, ids)),
-                tf.constant(rng.normal(0, 1, (ids, dim)).astype(np.float32)))
-               for _ in range(2)]
+                tf.constant(rng.normal(0, 1, (ids, cfg["dim"])).astype(np.float32)))
+               for _ in range(num_batches)]
     f = quiet_function(tf, lambda i, g: ops.resource_sparse_apply_lazy_adam(
         var, m, v, 0.5, 0.5, LR, BETA1, BETA2, EPS, g, i))
     c = {"t": 0}
 
     def step():
         c["t"] += 1
-        f(*batches[c["t"] % 2])
-    times = time_contenders({"fusedopt": step}, cfg["scaling_steps"], cfg["repeats"],
-                            lambda _: None)["fusedopt"]
-    return 1e3 * float(np.median(times))
+        f(*batches[c["t"] % num_batches])
+    return step
+
+
+def median_ms(times):
+    return {k: 1e3 * float(np.median(v)) for k, v in times.items()}
 
 
 def table_scaling(tf, cfg):
-    """{table rows: ms} at fixed touched rows, plus the huge-page memory seen at the end."""
-    out = {rows: time_sparse_lazy_adam(tf, cfg, rows, cfg["scaling_ids"]) for rows in cfg["tables"]}
-    return out, anon_huge_pages_mb()
+    """{table rows: ms} at fixed touched rows, the sizes interleaved (memory speed on a
+    shared machine drifts), plus the huge-page memory seen at the end."""
+    steps = {rows: sparse_lazy_adam_step(tf, cfg, rows, cfg["scaling_ids"], 16)
+             for rows in cfg["tables"]}
+    ms = median_ms(time_contenders(steps, cfg["scaling_steps"], 3 * cfg["repeats"], lambda _: None))
+    return ms, anon_huge_pages_mb()
 
 
 def scenario_scaling(tf, cfg, progress, quick):
@@ -490,7 +495,9 @@ def scenario_scaling(tf, cfg, progress, quick):
 
     out = {"touched_rows": {}, "table_rows": {}}
     for ids in cfg["touched"]:
-        out["touched_rows"][ids] = time_sparse_lazy_adam(tf, cfg, cfg["scaling_table"], ids)
+        step = sparse_lazy_adam_step(tf, cfg, cfg["scaling_table"], ids, 2)
+        out["touched_rows"][ids] = median_ms(time_contenders(
+            {"fusedopt": step}, cfg["scaling_steps"], cfg["repeats"], lambda _: None))["fusedopt"]
         progress(f"scaling: {ids:,} touched rows -> {out['touched_rows'][ids]:.2f} ms")
     out["table_rows"], _ = table_scaling(tf, cfg)
     progress(f"scaling: table rows (4 KB pages) -> {out['table_rows']}")
@@ -581,37 +588,58 @@ def scenario_many_small(tf, cfg, progress):
         f = quiet_function(tf, lambda: opt.apply_gradients(zip(grads, vs)))
         return f, vs[0]
 
+    def tf_fused():  # TF's own fused kernel, one op per variable like ours
+        vs = [tf.Variable(x) for x in inits]
+        slots = [(tf.Variable(tf.zeros([size])), tf.Variable(tf.zeros([size]))) for _ in vs]
+
+        @tf.function
+        def f():
+            for var, (m, v), g in zip(vs, slots, grads):
+                tf.raw_ops.ResourceApplyAdam(var=var.handle, m=m.handle, v=v.handle,
+                                             beta1_power=0.9, beta2_power=0.999, lr=LR,
+                                             beta1=BETA1, beta2=BETA2, epsilon=EPS, grad=g)
+        return f, vs[0]
+
     progress(f"many small variables: {count} x {size}")
-    return check_and_time({"fusedopt (raw op)": (fused, "tf"), "tf.keras Adam": (keras_adam, "tf")},
+    return check_and_time({"fusedopt (raw op)": (fused, "tf"), "TF fused kernel": (tf_fused, "tf"),
+                           "tf.keras Adam": (keras_adam, "tf")},
                           {"tf": fused}, 1, cfg["small_steps"], cfg["repeats"], progress)
 
 
 # ---------------------------------------------------------------------------- reporting
 
+SCENARIOS = ("sparse", "dense", "scaling", "bandwidth", "many_small")
+
+
 def aims(results):
-    sp, dense = results["sparse"], results["dense"]
-    lazy = sp["lazy_adam"]
+    """The issue's aims, for the scenarios present in results."""
     rows = []
 
     def add(text, value, target, at_most=False):
         met = value <= target if at_most else value >= target
         rows.append({"aim": text, "value": value, "target": ("<= " if at_most else ">= ") + str(target),
                      "met": met})
-    add("sparse LazyAdam vs tf.keras Adam", lazy["tf.keras Adam"]["x_fusedopt"], 10)
-    add("sparse LazyAdam vs composed gather/scatter", lazy["composed gather/scatter"]["x_fusedopt"], 2)
-    if "tensorflow_addons LazyAdam" in lazy:
-        add("sparse LazyAdam vs tensorflow_addons LazyAdam",
-            lazy["tensorflow_addons LazyAdam"]["x_fusedopt"], 2)
-    if "torch SparseAdam" in lazy:
-        add("sparse LazyAdam vs torch SparseAdam", lazy["torch SparseAdam"]["x_fusedopt"], 1)
-    add("sparse Adagrad vs TF fused (+dedup)",
-        sp["adagrad"]["TF ResourceSparseApplyAdagradV2 (+dedup)"]["x_fusedopt"], 1)
-    for rule in ("lazy_adam", "adamax", "adagrad"):
-        add(f"dense {rule} vs TF fused kernel", dense[rule]["TF fused kernel"]["x_fusedopt"], 1)
-        add(f"dense {rule} vs tf.keras composed", dense[rule]["tf.keras (composed)"]["x_fusedopt"], 2)
-    add("dense Adam op, % of measured bandwidth", results["bandwidth"]["fusedopt_op_adam_pct"], 60)
+    if "sparse" in results:
+        sp = results["sparse"]
+        lazy = sp["lazy_adam"]
+        add("sparse LazyAdam vs tf.keras Adam", lazy["tf.keras Adam"]["x_fusedopt"], 10)
+        add("sparse LazyAdam vs composed gather/scatter", lazy["composed gather/scatter"]["x_fusedopt"], 2)
+        if "tensorflow_addons LazyAdam" in lazy:
+            add("sparse LazyAdam vs tensorflow_addons LazyAdam",
+                lazy["tensorflow_addons LazyAdam"]["x_fusedopt"], 2)
+        if "torch SparseAdam" in lazy:
+            add("sparse LazyAdam vs torch SparseAdam", lazy["torch SparseAdam"]["x_fusedopt"], 1)
+        add("sparse Adagrad vs TF fused (+dedup)",
+            sp["adagrad"]["TF ResourceSparseApplyAdagradV2 (+dedup)"]["x_fusedopt"], 1)
+    if "dense" in results:
+        for rule in ("lazy_adam", "adamax", "adagrad"):
+            dense = results["dense"][rule]
+            add(f"dense {rule} vs TF fused kernel", dense["TF fused kernel"]["x_fusedopt"], 1)
+            add(f"dense {rule} vs tf.keras composed", dense["tf.keras (composed)"]["x_fusedopt"], 2)
+    if "bandwidth" in results:
+        add("dense Adam op, % of measured bandwidth", results["bandwidth"]["fusedopt_op_adam_pct"], 60)
     for key, pages in [("table_rows", "4 KB pages"), ("table_rows_huge_pages", "huge pages")]:
-        tables = results["scaling"].get(key)
+        tables = results.get("scaling", {}).get(key)
         if tables:
             small, large = min(tables, key=int), max(tables, key=int)
             add(f"step time at {int(large):,} table rows / at {int(small):,} ({pages})",
@@ -632,44 +660,51 @@ def markdown(results, command):
              f"(load average at start: {load}); "
              f"TF {env['tensorflow']}; tf.keras = Keras {env['keras']}; torch {env['torch']}; threads pinned to {THREADS} "
              "(TF intra-op, torch, fusedopt._core); inter-op 1.", ""]
-    for title, block in [("Sparse embedding step", results["sparse"]), ("Dense step", results["dense"])]:
+    for title, key in [("Sparse embedding step", "sparse"), ("Dense step", "dense")]:
+        if key not in results:
+            continue
+        dense = key == "dense"
         lines.append(f"### {title}")
-        for rule, rows in block.items():
+        for rule, rows in results[key].items():
             meta = rows.get("_meta", {})
             lines += ["", f"**{rule}** {json.dumps(meta) if meta else ''}", "",
                       "| contender | median ms | min..max ms | x fusedopt | checked vs | max rel err |"
-                      + (" GB/s |" if title == "Dense step" else ""),
-                      "|---|---|---|---|---|---|" + ("---|" if title == "Dense step" else "")]
+                      + (" GB/s |" if dense else ""),
+                      "|---|---|---|---|---|---|" + ("---|" if dense else "")]
             for name, r in rows.items():
                 if name.startswith("_"):
                     continue
                 lines.append(f"| {name} | {r['median_ms']:.2f} | {r['min_ms']:.2f}..{r['max_ms']:.2f} | "
                              f"{r['x_fusedopt']:.2f} | {r['semantics']} | {r['max_rel_error']:.1e} |"
-                             + (f" {r['GB_per_s']:.1f} |" if title == "Dense step" else ""))
+                             + (f" {r['GB_per_s']:.1f} |" if dense else ""))
         lines.append("")
-    sc = results["scaling"]
-    lines += ["### Scaling (fusedopt sparse LazyAdam, ms per step)", "",
-              "| touched rows | ms |", "|---|---|"]
-    lines += [f"| {int(k):,} | {v:.2f} |" for k, v in sc["touched_rows"].items()]
-    huge = {int(k): v for k, v in sc.get("table_rows_huge_pages", {}).items()}
-    lines += ["", "| table rows | ms, 4 KB pages | ms, huge pages (`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`) |",
-              "|---|---|---|"]
-    lines += [f"| {int(k):,} | {v:.2f} | "
-              + (f"{huge[int(k)]:.2f} |" if int(k) in huge else "n/a |")
-              for k, v in sc["table_rows"].items()]
-    bw = results["bandwidth"]
-    lines += ["", "### Memory bandwidth", "",
-              f"Arrays of {bw['params']:,} float32 each. Probes "
-              f"(`fusedopt._core.memory_bandwidth`, best of {results['environment']['config']['repeats']}): "
-              f"{', '.join(f'{k} {v:.1f} GB/s' for k, v in bw['measured_GB_per_s'].items())}. "
-              f"Dense Adam moves 28 bytes/parameter: fused op {bw['fusedopt_op_adam_GB_per_s']:.1f} GB/s "
-              f"({bw['fusedopt_op_adam_pct']:.0f}% of the best probe), raw kernel via fusedopt._core "
-              f"{bw['fusedopt_core_adam_GB_per_s']:.1f} GB/s ({bw['fusedopt_core_adam_pct']:.0f}%).", ""]
-    ms = results["many_small"]
-    lines += ["### Many small variables (one step)", "", "| contender | median ms | x fusedopt |",
-              "|---|---|---|"]
-    lines += [f"| {k} | {v['median_ms']:.2f} | {v['x_fusedopt']:.2f} |" for k, v in ms.items()]
-    lines += ["", "### Aims", "", "| aim | value | target | met |", "|---|---|---|---|"]
+    if "scaling" in results:
+        sc = results["scaling"]
+        lines += ["### Scaling (fusedopt sparse LazyAdam, ms per step)", "",
+                  "| touched rows | ms |", "|---|---|"]
+        lines += [f"| {int(k):,} | {v:.2f} |" for k, v in sc["touched_rows"].items()]
+        huge = {int(k): v for k, v in sc.get("table_rows_huge_pages", {}).items()}
+        lines += ["", "| table rows | ms, 4 KB pages | ms, huge pages "
+                  "(`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`) |", "|---|---|---|"]
+        lines += [f"| {int(k):,} | {v:.2f} | " + (f"{huge[int(k)]:.2f} |" if int(k) in huge else "n/a |")
+                  for k, v in sc["table_rows"].items()]
+        lines.append("")
+    if "bandwidth" in results:
+        bw = results["bandwidth"]
+        lines += ["### Memory bandwidth", "",
+                  f"Arrays of {bw['params']:,} float32 each. Probes (`fusedopt._core.memory_bandwidth`, "
+                  f"best of {env['config']['repeats']}): "
+                  f"{', '.join(f'{k} {v:.1f} GB/s' for k, v in bw['measured_GB_per_s'].items())}. "
+                  f"Dense Adam moves 28 bytes/parameter: fused op {bw['fusedopt_op_adam_GB_per_s']:.1f} GB/s "
+                  f"({bw['fusedopt_op_adam_pct']:.0f}% of the best probe), raw kernel via fusedopt._core "
+                  f"{bw['fusedopt_core_adam_GB_per_s']:.1f} GB/s ({bw['fusedopt_core_adam_pct']:.0f}%).", ""]
+    if "many_small" in results:
+        lines += ["### Many small variables (one step)", "", "| contender | median ms | x fusedopt |",
+                  "|---|---|---|"]
+        lines += [f"| {k} | {v['median_ms']:.2f} | {v['x_fusedopt']:.2f} |"
+                  for k, v in results["many_small"].items()]
+        lines.append("")
+    lines += ["### Aims", "", "| aim | value | target | met |", "|---|---|---|---|"]
     lines += [f"| {a['aim']} | {a['value']:.2f} | {a['target']} | {'yes' if a['met'] else '**no**'} |"
               for a in results["aims"]]
     return "\n".join(lines) + "\n"
@@ -685,7 +720,7 @@ def plot(results, path):
     fig, axes = plt.subplots(1, 3, figsize=(16, 5))
     names, values = [], []
     for block in ("sparse", "dense"):
-        for rule, rows in results[block].items():
+        for rule, rows in results.get(block, {}).items():
             for name, r in rows.items():
                 if not name.startswith("_") and not name.startswith("fusedopt (raw"):
                     names.append(f"{block} {rule}: {name}")
@@ -695,7 +730,7 @@ def plot(results, path):
     axes[0].set_xscale("log")
     axes[0].set_xlabel("step time / fusedopt's (higher = fusedopt faster)")
     axes[0].tick_params(axis="y", labelsize=6)
-    sc = results["scaling"]
+    sc = results.get("scaling", {})
     for ax, key, label, legend in [(axes[1], "touched_rows", "touched rows", "1M-row table"),
                                    (axes[2], "table_rows", "table rows", "4 KB pages"),
                                    (axes[2], "table_rows_huge_pages", "table rows", "huge pages")]:
@@ -732,9 +767,9 @@ def main(argv=None):
     p.add_argument("--out", default="bench_results", help="directory for results.json and the plot")
     p.add_argument("--markdown", help="also write the markdown report to this file")
     p.add_argument("--table-scaling-child", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--scenarios", default="sparse,dense,scaling,bandwidth,many_small",
-                   help="comma-separated subset to (re)run; the others are kept from an "
-                        "existing <out>/results.json")
+    p.add_argument("--scenarios", default=",".join(SCENARIOS),
+                   help="comma-separated subset to (re)run; the others are kept from "
+                        "<out>/results.json when it exists")
     args = p.parse_args(argv)
     selected = set(args.scenarios.split(","))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -756,8 +791,12 @@ def main(argv=None):
 
     torch = _torch()
     previous = {}
-    if selected != {"sparse", "dense", "scaling", "bandwidth", "many_small"}:
-        with open(os.path.join(args.out, "results.json")) as f:
+    unknown = selected - set(SCENARIOS)
+    if unknown:
+        p.error(f"unknown scenarios {sorted(unknown)}; choose from {', '.join(SCENARIOS)}")
+    existing = os.path.join(args.out, "results.json")
+    if selected != set(SCENARIOS) and os.path.exists(existing):
+        with open(existing) as f:
             previous = json.load(f)
     results = dict(previous)
     results["environment"] = {
@@ -794,9 +833,10 @@ def main(argv=None):
             f.write(report)
     print(report)
     mismatches = [(block, rule, name) for block in ("sparse", "dense") for rule, rows in
-                  results[block].items() for name, r in rows.items()
+                  results.get(block, {}).items() for name, r in rows.items()
                   if not name.startswith("_") and not r["match"]]
-    mismatches += [("many_small", name) for name, r in results["many_small"].items() if not r["match"]]
+    mismatches += [("many_small", name) for name, r in results.get("many_small", {}).items()
+                   if not r["match"]]
     progress(f"done; plot {'written' if plotted else 'skipped (no matplotlib)'}")
     if mismatches:
         print("contenders whose numbers differ from fusedopt's:", mismatches, file=sys.stderr)
