@@ -200,12 +200,12 @@ def test_duplicates_equal_presummed(rule, dtype, index_dtype):
 def test_coalescing_buffers_reused_across_calls_of_any_size(num_threads):
     # The engine keeps its duplicate-grouping table per thread between calls: growing,
     # shrinking, all-unique after duplicates, and a batch past the retention limit
-    # (> 2^20 ids, which drops the table afterwards) must all group exactly.
+    # (> 2^17 ids, which drops the table afterwards) must all group exactly.
     rng = np.random.default_rng(31)
     rows = 3000
     var, slots = harness.make_state("lazy_adam", (rows, 1), "double", rng)
     hyper = harness.hyper_for("lazy_adam", "double", 1)
-    for n, unique in [(50, False), (5000, False), (7, False), (2000, True), (1 << 20 | 3, False),
+    for n, unique in [(50, False), (5000, False), (7, False), (2000, True), (1 << 18 | 3, False),
                       (300, False), (1, False)]:
         indices = (rng.permutation(rows)[:n] if unique else rng.integers(0, rows, n)).astype(np.int64)
         grad = rng.normal(0, 1, (n, 1))

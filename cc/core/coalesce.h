@@ -111,6 +111,13 @@ class Coalescer {
   int shift_ = 64 - 4;
 };
 
+// One Coalescer per thread, shared by every rule, dtype and index type: its buffers
+// are int64 whatever the index type, and a thread runs one sparse update at a time.
+inline Coalescer& ThreadCoalescer() {
+  thread_local Coalescer coalescer;
+  return coalescer;
+}
+
 }  // namespace fusedopt
 
 #endif  // FUSEDOPT_CC_CORE_COALESCE_H_

@@ -89,9 +89,9 @@ inline void PrefetchRow(const T* var, T* const* slots, int64_t offset, int64_t r
   }
 }
 
-// Hash slots (16 bytes each) a thread keeps between sparse calls: 2^21 = 32 MB covers
-// batches of up to 1M ids.
-constexpr int64_t kMaxRetainedHashSlots = int64_t{1} << 21;
+// Hash slots a thread keeps between sparse calls: 2^18 (about 6 MB of buffers in all)
+// covers batches of up to 128K ids; a larger batch frees its buffers when done.
+constexpr int64_t kMaxRetainedHashSlots = int64_t{1} << 18;
 
 // Rough cycles per element of one update, for the executor's work splitting.
 constexpr int64_t kCyclesPerElement = 12;
@@ -125,7 +125,7 @@ std::string ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, in
   using C = ComputeType<T>;
   std::string error = CheckIndices(indices, n, num_rows);
   if (!error.empty() || n == 0 || row_size == 0) return error;
-  thread_local Coalescer coalescer;  // reused across calls on this thread
+  Coalescer& coalescer = ThreadCoalescer();  // its buffers outlive the call
   const RowGroups& groups = coalescer.Group(indices, n);
   const int64_t cost = row_size * detail::kCyclesPerElement * n / groups.size();
   const int64_t row_bytes = row_size * static_cast<int64_t>(sizeof(T));
