@@ -739,6 +739,8 @@ def plot(results, path):
         xs = [int(k) for k in sc[key]]
         ax.plot(xs, list(sc[key].values()), "o-", label=legend)
         ax.set_xscale("log")
+        if key == "touched_rows":
+            ax.set_yscale("log")  # linear work shows as a straight line
         ax.set_xlabel(label)
         ax.set_ylabel("ms / step (fusedopt sparse LazyAdam)")
     axes[1].legend()
