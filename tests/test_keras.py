@@ -135,6 +135,10 @@ def test_uses_fused_ops_and_xla_fallback(rule):
     name = {"lazy_adam": "LazyAdam", "adamax": "Adamax", "adagrad": "Adagrad"}[rule]
     assert _fused_op_types(step, *grads) == {"FusedOpt>ResourceApply" + name,
                                              "FusedOpt>ResourceSparseApply" + name}
+    # Duplicate ids are summed inside the sparse op: no Python-side dedup in the step
+    # (Keras 2.15's apply_gradients would add tf.unique + a segment sum).
+    traced = tf.function(step).get_concrete_function(*grads).graph.get_operations()
+    assert not {op.type for op in traced} & {"Unique", "UniqueV2", "UnsortedSegmentSum"}
     jit = tf.function(step, jit_compile=True)
     assert not {op.type for op in jit.get_concrete_function(*grads).graph.get_operations()
                 if op.type.startswith("FusedOpt>")}
