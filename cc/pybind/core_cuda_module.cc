@@ -247,7 +247,21 @@ PYBIND11_MODULE(_core_cuda, m) {
   using namespace fusedopt;
   m.doc() = "fusedopt's CUDA update kernels applied in place to CUDA device arrays.";
   m.def("rules", &Rules, "Rule metadata: slots, hyper-parameters and options of every rule.");
-  m.def("device_count", &gpu::DeviceCount, "CUDA devices visible (0 without a GPU or driver).");
+  m.def(
+      "device_count",
+      [] {
+        int count = 0;
+        return gpu::DeviceCount(&count).ok() ? count : 0;
+      },
+      "CUDA devices visible (0 without a GPU or a working driver: see cuda_init_error()).");
+  m.def(
+      "cuda_init_error",
+      [] {
+        int count = 0;
+        return gpu::DeviceCount(&count).message;
+      },
+      "'' when CUDA initialises (with or without devices), else the CUDA error that stopped "
+      "it (no driver, a driver too old for this CUDA 13 runtime, ...).");
   m.def("apply_dense", &ApplyDensePy, py::arg("rule"), py::arg("var"), py::arg("slots"),
         py::arg("grad"), py::arg("hyper"), py::arg("options") = py::dict(),
         py::arg("stream") = 0, py::arg("dtype") = "",

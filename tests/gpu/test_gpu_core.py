@@ -78,7 +78,7 @@ def make_state(rule, dtype, shape, rng, grad_rows=None):
     if NUM_SLOTS[rule] == 2:
         slots.append(np.abs(rng.standard_normal(shape)).astype(t))
     else:
-        slots = [np.abs(s) + t(0.1) for s in slots]
+        slots = [np.abs(s) + np.asarray(0.1).astype(t) for s in slots]
     grad_shape = shape if grad_rows is None else (grad_rows,) + tuple(shape[1:])
     grad = rng.standard_normal(grad_shape).astype(t)
     return var, slots, grad

@@ -14,13 +14,14 @@
 namespace fusedopt {
 namespace gpu {
 
-int DeviceCount() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();  // no driver / no device: clear the error, report none
-    return 0;
-  }
-  return count;
+Status DeviceCount(int* count) {
+  *count = 0;
+  const cudaError_t err = cudaGetDeviceCount(count);
+  if (err == cudaSuccess) return Status::Ok();
+  cudaGetLastError();  // not sticky: clear it for the next call
+  *count = 0;
+  if (err == cudaErrorNoDevice) return Status::Ok();
+  return detail::CudaError(err, "initialisation (cudaGetDeviceCount)");
 }
 
 Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes, Stream stream) {

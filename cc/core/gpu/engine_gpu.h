@@ -62,8 +62,11 @@ Status ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, int64_t
 // Stream-ordered device-to-device copy (copy-on-write of variables).
 Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes, Stream stream);
 
-// Number of CUDA devices visible to this process's CUDA runtime (0 without a driver/GPU).
-int DeviceCount();
+// Number of CUDA devices visible to this process's CUDA runtime: 0 when the runtime
+// reports none (cudaErrorNoDevice); any other failure to initialise CUDA (no driver, a
+// driver too old for this CUDA 13 runtime, ...) is an error naming the CUDA error, so a
+// broken setup is never mistaken for a machine without a GPU.
+Status DeviceCount(int* count);
 
 }  // namespace gpu
 }  // namespace fusedopt
