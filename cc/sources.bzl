@@ -10,6 +10,7 @@ CORE_HDRS = [
     "cc/core/executor.h",
     "cc/core/engine.h",
     "cc/core/coalesce.h",
+    "cc/core/sum_order.h",
     "cc/core/validate.h",
     "cc/core/rules/lazy_adam.h",
     "cc/core/rules/adamax.h",

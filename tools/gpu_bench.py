@@ -5,10 +5,16 @@ against a device-to-device copy measured in the same run. No TensorFlow needed.
 
 Dense: every rule, float32 and bfloat16, N elements; bytes counted = what one fused pass
 must move (read var, slots, grad; write var, slots). Sparse: LazyAdam float32 on a
-1M x 64 table with Zipf-distributed ids (duplicates coalesced on the device); bytes =
-gradient rows read + touched rows of var and slots read and written. Time: CUDA events
-around `repeats` back-to-back calls, best of 3. Writes gpu_bench.json and gpu_bench.md
-to --out (default: $OUT when set).
+1M x 64 table, ids Zipf-distributed (hot rows: the hottest takes ~1/3 of a batch) or
+uniform; duplicates coalesced on the device; bytes = gradient rows read + touched rows
+of var and slots read and written. `wait` = the call checks its indices' verdict before
+returning (a host sync per call); `no wait` = apply_sparse(wait=False), calls back to back
+as a training loop runs them. Peer, where PyTorch is installed, side by side on the same
+device: torch.optim.SparseAdam (lazy Adam on sparse gradients: the same update) on the
+same table and ids, and torch.optim.Adam(fused=True) for the dense float32 LazyAdam case.
+Time: CUDA events around `repeats` back-to-back calls, best of 3 (peers: the same, with
+torch's events on torch's stream). Writes gpu_bench.json and gpu_bench.md to --out
+(default: $OUT when set).
 """
 import argparse
 import json
@@ -25,6 +31,11 @@ try:
 except ImportError:
     from fusedopt import _core_cuda as core_cuda
 import cupy as cp
+
+try:
+    import torch
+except ImportError:  # the peers are optional
+    torch = None
 
 SLOTS = {"lazy_adam": 2, "adamax": 2, "adagrad": 1}
 HYPER = {
@@ -49,6 +60,47 @@ def timed(fn, repeats):
         stop.synchronize()
         best = min(best, cp.cuda.get_elapsed_time(start, stop) / repeats)
     return best
+
+
+def timed_torch(fn, repeats):
+    """timed() for work on torch's current stream."""
+    fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeats):
+            fn()
+        stop.record()
+        stop.synchronize()
+        best = min(best, start.elapsed_time(stop) / repeats)
+    return best
+
+
+def torch_dense_adam_ms(n, repeats):
+    param = torch.zeros(n, device="cuda", requires_grad=True)
+    param.grad = torch.ones(n, device="cuda")
+    opt = torch.optim.Adam([param], lr=1e-3, eps=1e-7, fused=True)
+    ms = timed_torch(opt.step, repeats)
+    del opt, param
+    torch.cuda.empty_cache()
+    return ms
+
+
+def torch_sparse_adam_ms(rows, width, ids, repeats):
+    table = torch.zeros(rows, width, device="cuda", requires_grad=True)
+    index = torch.as_tensor(ids, device="cuda")[None]
+    values = torch.ones(ids.size, width, device="cuda")
+    opt = torch.optim.SparseAdam([table], lr=1e-3, eps=1e-7)
+
+    def step():
+        table.grad = torch.sparse_coo_tensor(index, values, (rows, width))
+        opt.step()
+    ms = timed_torch(step, repeats)
+    del opt, table
+    torch.cuda.empty_cache()
+    return ms
 
 
 def main():
@@ -83,26 +135,38 @@ def main():
             ms = timed(call, args.repeats)
             moved = n * item * (2 * (1 + k) + 1)
             gbs = moved / ms / 1e6
-            results["dense"].append(dict(rule=rule, dtype=dtype, ms=ms, GBps=gbs,
-                                         fraction_of_copy=gbs / copy_gbs))
+            entry = dict(rule=rule, dtype=dtype, ms=ms, GBps=gbs, fraction_of_copy=gbs / copy_gbs)
+            if torch is not None and rule == "lazy_adam" and dtype == "float32":
+                entry["torch_fused_adam_ms"] = torch_dense_adam_ms(n, args.repeats)
+            results["dense"].append(entry)
             del var, slots, grad
 
     rows, width = 1 << 20, 64
     rng = np.random.default_rng(0)
     table = cp.zeros((rows, width), cp.float32)
     m, v = cp.zeros_like(table), cp.zeros_like(table)
-    for batch in (1 << 14, 1 << 17):
-        ids = np.minimum(rng.zipf(1.1, batch) - 1, rows - 1).astype(np.int64)
+    for batch, ids_kind in ((1 << 14, "zipf"), (1 << 17, "zipf"), (1 << 17, "uniform")):
+        if ids_kind == "zipf":
+            ids = np.minimum(rng.zipf(1.1, batch) - 1, rows - 1).astype(np.int64)
+        else:
+            ids = rng.integers(0, rows, batch).astype(np.int64)
         unique = np.unique(ids).size
+        hottest = int(np.bincount(ids).max())
         indices = cp.asarray(ids)
         grad = cp.ones((batch, width), cp.float32)
-        call = lambda: core_cuda.apply_sparse(  # noqa: E731
-            "lazy_adam", table, [m, v], grad, indices, HYPER["lazy_adam"])
-        ms = timed(call, args.repeats)
         moved = 4 * width * (batch + 6 * unique) + 8 * batch
-        results["sparse"].append(dict(rule="lazy_adam", dtype="float32", rows=rows, width=width,
-                                      batch=batch, unique_rows=int(unique), ms=ms,
-                                      GBps=moved / ms / 1e6))
+        entry = dict(rule="lazy_adam", dtype="float32", rows=rows, width=width, batch=batch,
+                     ids=ids_kind, unique_rows=int(unique), hottest_row=hottest)
+        for mode, wait in (("wait", True), ("no_wait", False)):
+            call = lambda: core_cuda.apply_sparse(  # noqa: E731
+                "lazy_adam", table, [m, v], grad, indices, HYPER["lazy_adam"], wait=wait)
+            ms = timed(call, args.repeats)
+            entry[f"{mode}_ms"] = ms
+            entry[f"{mode}_GBps"] = moved / ms / 1e6
+        if torch is not None:
+            entry["torch_sparse_adam_ms"] = torch_sparse_adam_ms(rows, width, ids, args.repeats)
+        results["sparse"].append(entry)
+        del grad, indices
 
     lines = [f"# fusedopt CUDA kernels on {results['device']}", "",
              f"device-to-device copy: {copy_gbs:.0f} GB/s (read + write, {n} float32)", "",
@@ -110,11 +174,20 @@ def main():
     for r in results["dense"]:
         lines.append(f"| {r['rule']} | {r['dtype']} | {r['ms']:.3f} | {r['GBps']:.0f} | "
                      f"{100 * r['fraction_of_copy']:.0f}% |")
-    lines += ["", "| sparse rule | table | batch (unique rows) | ms/step | GB/s |",
-              "|---|---|---|---|---|"]
+    for r in results["dense"]:
+        if "torch_fused_adam_ms" in r:
+            lines += ["", f"dense float32 Adam, {n} parameters: fusedopt {r['ms']:.3f} ms, "
+                      f"torch.optim.Adam(fused=True) {r['torch_fused_adam_ms']:.3f} ms "
+                      f"(fusedopt {r['torch_fused_adam_ms'] / r['ms']:.2f}x)"]
+    lines += ["", "| sparse LazyAdam float32 | ids | batch (unique rows, hottest row) | "
+              "ms/step wait | ms/step no wait | GB/s no wait | torch SparseAdam ms | ratio |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in results["sparse"]:
-        lines.append(f"| {r['rule']} {r['dtype']} | {r['rows']}x{r['width']} | {r['batch']} "
-                     f"({r['unique_rows']}) | {r['ms']:.3f} | {r['GBps']:.0f} |")
+        peer = r.get("torch_sparse_adam_ms")
+        lines.append(f"| {r['rows']}x{r['width']} | {r['ids']} | {r['batch']} "
+                     f"({r['unique_rows']}, {r['hottest_row']}) | {r['wait_ms']:.3f} | "
+                     f"{r['no_wait_ms']:.3f} | {r['no_wait_GBps']:.0f} | "
+                     + (f"{peer:.3f} | {peer / r['no_wait_ms']:.1f}x |" if peer else "- | - |"))
     text = "\n".join(lines)
     print(text)
     if args.out:

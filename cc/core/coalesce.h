@@ -21,21 +21,20 @@ struct RowGroups {
   bool all_unique() const { return positions.empty(); }
 };
 
+// The message for an index outside [0, num_rows) at `position` (CPU and GPU engines).
+inline std::string IndexErrorMessage(int64_t position, int64_t value, int64_t num_rows) {
+  return "indices[" + std::to_string(position) + "] = " + std::to_string(value) +
+         " is not in [0, " + std::to_string(num_rows) + ")";
+}
+
 // Returns "" when every index is in [0, num_rows), else names the first offender.
 template <typename Index>
 std::string CheckIndices(const Index* indices, int64_t n, int64_t num_rows) {
-  int64_t bad = -1;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t row = static_cast<int64_t>(indices[i]);
-    if (row < 0 || row >= num_rows) {
-      bad = i;
-      break;
-    }
+    if (row < 0 || row >= num_rows) return IndexErrorMessage(i, row, num_rows);
   }
-  if (bad < 0) return "";
-  return "indices[" + std::to_string(bad) + "] = " +
-         std::to_string(static_cast<int64_t>(indices[bad])) + " is not in [0, " +
-         std::to_string(num_rows) + ")";
+  return "";
 }
 
 // Groups indices by row; requires CheckIndices to have passed (indices are >= 0).

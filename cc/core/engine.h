@@ -15,6 +15,7 @@
 #include "cc/core/coalesce.h"
 #include "cc/core/executor.h"
 #include "cc/core/rule.h"
+#include "cc/core/sum_order.h"
 
 namespace fusedopt {
 
@@ -93,6 +94,20 @@ inline void PrefetchRow(const T* var, T* const* slots, int64_t offset, int64_t r
 // covers batches of up to 128K ids; a larger batch frees its buffers when done.
 constexpr int64_t kMaxRetainedHashSlots = int64_t{1} << 18;
 
+// out = grad rows positions[0] + positions[1] + ... (count >= 1), left to right, in the
+// compute type.
+template <typename T, typename C>
+void SumRows(const T* grad, const int64_t* positions, int64_t count, int64_t row_size,
+             std::vector<C>& out) {
+  out.resize(row_size);
+  const T* first = grad + positions[0] * row_size;
+  for (int64_t i = 0; i < row_size; ++i) out[i] = Load(first[i]);
+  for (int64_t j = 1; j < count; ++j) {
+    const T* row = grad + positions[j] * row_size;
+    for (int64_t i = 0; i < row_size; ++i) out[i] += Load(row[i]);
+  }
+}
+
 // Rough cycles per element of one update, for the executor's work splitting.
 constexpr int64_t kCyclesPerElement = 12;
 
@@ -130,7 +145,7 @@ std::string ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, in
   const int64_t cost = row_size * detail::kCyclesPerElement * n / groups.size();
   const int64_t row_bytes = row_size * static_cast<int64_t>(sizeof(T));
   executor.ParallelFor(groups.size(), cost, [&](int64_t first, int64_t last) {
-    std::vector<C> summed;  // per block, reused across its rows
+    std::vector<C> summed, partial;  // per block, reused across its rows
     std::array<T*, NumSlots<Rule>()> s;
     for (int64_t g = first; g < std::min(last, first + detail::kPrefetchRows); ++g) {
       detail::PrefetchRow<Rule>(var, slots, groups.rows[g] * row_size, row_bytes);
@@ -149,13 +164,15 @@ std::string ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, in
                                        row_size);
         continue;
       }
-      // Sum in compute type, in order of appearance: (g0 + g1) + g2 ...
-      summed.resize(row_size);
-      const T* first_row = grad + groups.positions[begin] * row_size;
-      for (int64_t i = 0; i < row_size; ++i) summed[i] = Load(first_row[i]);
-      for (int64_t j = begin + 1; j < end; ++j) {
-        const T* row = grad + groups.positions[j] * row_size;
-        for (int64_t i = 0; i < row_size; ++i) summed[i] += Load(row[i]);
+      // Sum in compute type in the order of sum_order.h (the GPU engine's): each chunk
+      // left to right, then the chunk sums left to right.
+      const int64_t chunk = DuplicateChunkLength(end - begin);
+      detail::SumRows(grad, groups.positions.data() + begin, std::min(chunk, end - begin),
+                      row_size, summed);
+      for (int64_t j = begin + chunk; j < end; j += chunk) {
+        detail::SumRows(grad, groups.positions.data() + j, std::min(chunk, end - j), row_size,
+                        partial);
+        for (int64_t i = 0; i < row_size; ++i) summed[i] += partial[i];
       }
       detail::UpdateSpan<Rule, T, C>(p, var + offset, s.data(), summed.data(), row_size);
     }

@@ -13,6 +13,11 @@ namespace fusedopt {
 
 using Shape = std::vector<int64_t>;
 
+// Most indices one sparse call takes, on every device: the CUDA engine sorts (row,
+// position) pairs with 32-bit positions and CUB's int item counts (plus one for its scan).
+// 2^31 ids are 8-16 GB of indices alone; split such a batch into several calls.
+constexpr int64_t kMaxSparseIndices = 2147483646;
+
 inline std::string ShapeString(const Shape& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) {
@@ -59,6 +64,10 @@ std::string ValidateSparse(const Shape& var, const Shape* slots, const Shape* hy
   if (!error.empty()) return error;
   if (var.empty()) return "var must be at least 1-D, got shape []";
   if (indices.size() != 1) return "indices must be 1-D, got shape " + ShapeString(indices);
+  if (indices[0] > kMaxSparseIndices) {
+    return "sparse updates take at most " + std::to_string(kMaxSparseIndices) +
+           " indices per call, got " + std::to_string(indices[0]);
+  }
   Shape expected = var;
   expected[0] = indices[0];
   if (grad.size() != var.size() || !std::equal(grad.begin() + 1, grad.end(), var.begin() + 1)) {

@@ -5,13 +5,18 @@
 // (raw pointers: {"data": (ptr, False), "shape": (...), "typestr": "<f4"}).
 //
 // Work runs on `stream` (a cudaStream_t as an int; 0 = the legacy default stream, which
-// is CuPy's default). Dense calls return without synchronising; sparse calls synchronise
-// once, to check the indices before anything is written.
+// is CuPy's default). Dense calls return without synchronising. Sparse calls never
+// synchronise inside the engine either: with wait=False they return a PendingCheck at
+// once (its result() raises ValueError for an out-of-range index, in which case nothing
+// was written); the default wait=True waits for it, so bad indices raise at the call.
 #include <cuda_runtime.h>
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cc/core/gpu/engine_gpu.h"
@@ -88,25 +93,133 @@ std::string DtypeName(const DeviceArray& a, const std::string& dtype) {
   return "typestr " + a.typestr;
 }
 
+[[noreturn]] void ThrowCuda(cudaError_t err, const std::string& what) {
+  cudaGetLastError();
+  throw std::runtime_error("CUDA error in fusedopt " + what + ": " + cudaGetErrorName(err) +
+                           ": " + cudaGetErrorString(err));
+}
+
 // Runs the calls on the device owning var, restoring the caller's device afterwards.
 class DeviceScope {
  public:
   explicit DeviceScope(const void* ptr) {
-    cudaGetDevice(&previous_);
+    cudaError_t err = cudaGetDevice(&previous_);
+    if (err != cudaSuccess) ThrowCuda(err, "cudaGetDevice");
     cudaPointerAttributes attributes{};
-    const cudaError_t err = cudaPointerGetAttributes(&attributes, ptr);
+    err = cudaPointerGetAttributes(&attributes, ptr);
     if (err != cudaSuccess) {
       cudaGetLastError();
       throw py::value_error(std::string("var is not CUDA memory: ") + cudaGetErrorString(err));
     }
     Require(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged,
             "var must be device (or managed) memory");
-    if (attributes.device != previous_) cudaSetDevice(attributes.device);
+    if (attributes.device != previous_) {
+      err = cudaSetDevice(attributes.device);
+      if (err != cudaSuccess) ThrowCuda(err, "cudaSetDevice");
+      switched_ = true;
+    }
   }
-  ~DeviceScope() { cudaSetDevice(previous_); }
+  ~DeviceScope() {
+    if (switched_ && cudaSetDevice(previous_) != cudaSuccess) cudaGetLastError();
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
 
  private:
   int previous_ = 0;
+  bool switched_ = false;
+};
+
+// Page-locked IndexCheck records for the device to copy sparse calls' verdicts into.
+// A record is reused only after the event recorded behind its call has completed, so a
+// PendingCheck dropped early never sees another call's verdict, and nothing here waits.
+class CheckRecords {
+ public:
+  static CheckRecords& Get() {
+    static CheckRecords* records = new CheckRecords();  // never destroyed: outlives CUDA
+    return *records;
+  }
+
+  gpu::IndexCheck* Take() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < retired_.size();) {
+      const cudaError_t state = cudaEventQuery(retired_[i].second);
+      if (state == cudaErrorNotReady) {
+        ++i;
+        continue;
+      }
+      cudaGetLastError();
+      cudaEventDestroy(retired_[i].second);
+      if (state == cudaSuccess) free_.push_back(retired_[i].first);  // else: never reused
+      retired_[i] = retired_.back();
+      retired_.pop_back();
+    }
+    if (free_.empty()) {
+      constexpr int kPerPage = 4096 / sizeof(gpu::IndexCheck);
+      void* page = nullptr;
+      const cudaError_t err = cudaHostAlloc(&page, kPerPage * sizeof(gpu::IndexCheck),
+                                            cudaHostAllocPortable);
+      if (err != cudaSuccess) ThrowCuda(err, "cudaHostAlloc (index check records)");
+      auto* records = static_cast<gpu::IndexCheck*>(page);
+      for (int i = 0; i < kPerPage; ++i) free_.push_back(records + i);
+    }
+    gpu::IndexCheck* record = free_.back();
+    free_.pop_back();
+    return record;
+  }
+
+  // `event` (nullptr: nothing was enqueued) marks when the device is done with `record`.
+  void Return(gpu::IndexCheck* record, cudaEvent_t event) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (event == nullptr) {
+      free_.push_back(record);
+    } else {
+      retired_.emplace_back(record, event);
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<gpu::IndexCheck*> free_;
+  std::vector<std::pair<gpu::IndexCheck*, cudaEvent_t>> retired_;
+};
+
+// The outcome of a sparse call still running on its stream.
+class PendingCheck {
+ public:
+  PendingCheck(gpu::IndexCheck* record, cudaEvent_t event, int64_t num_rows)
+      : record_(record), event_(event), num_rows_(num_rows) {}
+  ~PendingCheck() { CheckRecords::Get().Return(record_, event_); }
+  PendingCheck(const PendingCheck&) = delete;
+  PendingCheck& operator=(const PendingCheck&) = delete;
+
+  // True once the stream has run the whole call (no waiting).
+  bool Done() const {
+    if (event_ == nullptr) return true;
+    const cudaError_t state = cudaEventQuery(event_);
+    if (state == cudaErrorNotReady) return false;
+    if (state != cudaSuccess) ThrowCuda(state, "sparse update");
+    return true;
+  }
+
+  // Waits for the call; ValueError naming the first out-of-range index (nothing written).
+  void Result() const {
+    if (event_ != nullptr) {
+      cudaError_t err;
+      {
+        py::gil_scoped_release release;
+        err = cudaEventSynchronize(event_);
+      }
+      if (err != cudaSuccess) ThrowCuda(err, "sparse update");
+    }
+    const gpu::Status status = gpu::IndexCheckStatus(*record_, num_rows_);
+    if (!status.ok()) throw py::value_error(status.message);
+  }
+
+ private:
+  gpu::IndexCheck* record_;
+  cudaEvent_t event_;
+  int64_t num_rows_;
 };
 
 // Stream-ordered scratch memory: freed on the same stream after the work that uses it.
@@ -134,6 +247,10 @@ class AsyncAllocator final : public gpu::TempAllocator {
 void Check(const gpu::Status& s) {
   if (s.ok()) return;
   if (s.code == gpu::Status::kInvalidArgument) throw py::value_error(s.message);
+  if (s.code == gpu::Status::kResourceExhausted) {
+    PyErr_SetString(PyExc_MemoryError, s.message.c_str());
+    throw py::error_already_set();
+  }
   throw std::runtime_error(s.message);
 }
 
@@ -205,39 +322,72 @@ void ApplyDensePy(const std::string& rule, const py::handle& var, const py::list
   });
 }
 
-void ApplySparsePy(const std::string& rule, const py::handle& var, const py::list& slots,
-                   const py::handle& grad, const py::handle& indices_obj, const py::dict& hyper,
-                   const py::dict& options, uintptr_t stream, const std::string& dtype) {
+std::unique_ptr<PendingCheck> ApplySparsePy(const std::string& rule, const py::handle& var,
+                                            const py::list& slots, const py::handle& grad,
+                                            const py::handle& indices_obj, const py::dict& hyper,
+                                            const py::dict& options, uintptr_t stream,
+                                            const std::string& dtype, bool wait) {
   const DeviceArray indices = FromInterface(indices_obj, "indices");
   const std::string index_kind = indices.typestr.substr(1);
   Require(index_kind == "i4" || index_kind == "i8",
           "indices must be int32 or int64, got typestr " + indices.typestr);
+  std::unique_ptr<PendingCheck> pending;
   Dispatch(rule, PeekDtype(var, dtype), [&]<typename Rule, typename T>() {
     const State state = CheckState<Rule>(var, slots, grad, indices.shape, true, dtype);
     const auto params = ParamsFromDicts<Rule, T>(hyper, options);
     const int64_t rows = state.var.shape[0];
     const int64_t row_size = rows == 0 ? 0 : state.var.size / rows;
     const int64_t n = indices.size;
-    if (n == 0) return;
+    gpu::IndexCheck* record = CheckRecords::Get().Take();
+    if (n == 0) {  // nothing to check, nothing to write
+      *record = gpu::IndexCheck{};
+      pending = std::make_unique<PendingCheck>(record, nullptr, rows);
+      return;
+    }
     auto slot_ptrs = SlotPointers<T, NumSlots<Rule>()>(state);
     // Zero-size var: no device buffer to find the device by; use the indices'.
-    DeviceScope scope(state.var.size > 0 ? state.var.data : indices.data);
+    std::unique_ptr<DeviceScope> scope;
+    try {
+      scope = std::make_unique<DeviceScope>(state.var.size > 0 ? state.var.data : indices.data);
+    } catch (...) {
+      CheckRecords::Get().Return(record, nullptr);
+      throw;
+    }
+    const auto cuda_stream = reinterpret_cast<cudaStream_t>(stream);
     gpu::Status status;
+    cudaEvent_t event = nullptr;
     {
       py::gil_scoped_release release;
-      AsyncAllocator allocator(reinterpret_cast<cudaStream_t>(stream));
+      AsyncAllocator allocator(cuda_stream);
       auto run = [&](auto* index_ptr) {
         using Index = std::remove_const_t<std::remove_pointer_t<decltype(index_ptr)>>;
         return gpu::ApplySparse<Rule, T, Index>(
             params, static_cast<T*>(state.var.data), slot_ptrs.data(), rows, row_size,
             static_cast<const T*>(state.grad.data), index_ptr, n, allocator,
-            reinterpret_cast<gpu::Stream>(stream));
+            reinterpret_cast<gpu::Stream>(cuda_stream), record);
       };
       status = index_kind == "i4" ? run(static_cast<const int32_t*>(indices.data))
                                   : run(static_cast<const int64_t*>(indices.data));
+      // Whatever was enqueued (even before a failure) may still write the record: it is
+      // reused only once this event completes.
+      if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess ||
+          cudaEventRecord(event, cuda_stream) != cudaSuccess) {
+        cudaGetLastError();
+        if (event != nullptr) cudaEventDestroy(event);
+        event = nullptr;
+        if (status.ok()) status = {gpu::Status::kInternal, "fusedopt: could not record a CUDA event"};
+        record = nullptr;  // its copy may still be in flight: never reused
+      }
     }
+    if (record == nullptr) Check(status);
+    pending = std::make_unique<PendingCheck>(record, event, rows);
     Check(status);
   });
+  if (wait) {
+    pending->Result();
+    return nullptr;
+  }
+  return pending;
 }
 
 }  // namespace
@@ -266,9 +416,17 @@ PYBIND11_MODULE(_core_cuda, m) {
         py::arg("grad"), py::arg("hyper"), py::arg("options") = py::dict(),
         py::arg("stream") = 0, py::arg("dtype") = "",
         "Dense update of var and slots in place, enqueued on `stream`.");
+  py::class_<PendingCheck>(m, "PendingCheck",
+                           "A sparse update enqueued with wait=False: its index check's verdict.")
+      .def("done", &PendingCheck::Done, "True once the stream has run the whole call (no wait).")
+      .def("result", &PendingCheck::Result,
+           "Waits for the call; ValueError naming the first out-of-range index, in which "
+           "case var and slots were not written.");
   m.def("apply_sparse", &ApplySparsePy, py::arg("rule"), py::arg("var"), py::arg("slots"),
         py::arg("grad"), py::arg("indices"), py::arg("hyper"), py::arg("options") = py::dict(),
-        py::arg("stream") = 0, py::arg("dtype") = "",
-        "Sparse update of the rows named by indices (duplicates summed first), in place; "
-        "out-of-range indices raise ValueError with nothing written.");
+        py::arg("stream") = 0, py::arg("dtype") = "", py::arg("wait") = true,
+        "Sparse update of the rows named by indices (duplicates summed first), in place. "
+        "Never synchronises while enqueueing; wait=True (default) then waits and raises "
+        "ValueError for an out-of-range index (nothing written); wait=False returns a "
+        "PendingCheck at once.");
 }

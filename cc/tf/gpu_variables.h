@@ -18,6 +18,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/kernels/training_op_helpers.h"
+#include "tensorflow/core/common_runtime/device/device_event_mgr.h"
 #include "xla/stream_executor/stream.h"
 
 // tsl::mutex is deprecated in favour of absl::Mutex, but it is what Var and the ref inputs
@@ -38,6 +39,8 @@ inline absl::Status ToAbsl(const gpu::Status& s) {
       return absl::OkStatus();
     case gpu::Status::kInvalidArgument:
       return absl::InvalidArgumentError(s.message);
+    case gpu::Status::kResourceExhausted:
+      return absl::ResourceExhaustedError(s.message);
     default:
       return absl::InternalError(s.message);
   }
@@ -52,7 +55,8 @@ inline gpu::Stream GpuStreamOf(::tensorflow::OpKernelContext* ctx) {
 
 // Scratch memory from TF's GPU allocator; the tensors live as long as this object (the
 // kernel's Compute), and TF's stream-ordered allocator keeps them valid for the work
-// already enqueued on the compute stream.
+// already enqueued on the compute stream. A failed allocation keeps TF's status (out of
+// memory: ResourceExhausted) for the kernel to report.
 class TfGpuTempAllocator final : public gpu::TempAllocator {
  public:
   explicit TfGpuTempAllocator(::tensorflow::OpKernelContext* ctx) : ctx_(ctx) {}
@@ -61,18 +65,25 @@ class TfGpuTempAllocator final : public gpu::TempAllocator {
     ::tensorflow::Tensor& t = temps_.back();
     const absl::Status s = ctx_->allocate_temp(
         ::tensorflow::DT_INT8, ::tensorflow::TensorShape({static_cast<int64_t>(bytes)}), &t);
-    if (!s.ok()) return nullptr;
+    if (!s.ok()) {
+      if (status_.ok()) status_ = s;
+      return nullptr;
+    }
     return const_cast<char*>(t.tensor_data().data());
   }
+  const absl::Status& status() const { return status_; }
 
  private:
   ::tensorflow::OpKernelContext* ctx_;
   std::vector<::tensorflow::Tensor> temps_;
+  absl::Status status_;
 };
 
 // *tensor = a fresh device copy of *tensor (TF's PrepareToUpdateVariable copy).
 inline absl::Status CopyTensorOnGpu(::tensorflow::OpKernelContext* ctx,
                                     ::tensorflow::Tensor* tensor) {
+  const gpu::Stream stream = GpuStreamOf(ctx);
+  if (stream == nullptr) return absl::InternalError("fusedopt: no GPU stream to copy a variable on");
   ::tensorflow::Tensor tmp;
   tsl::AllocatorAttributes attr;
   attr.set_gpu_compatible(true);
@@ -80,7 +91,7 @@ inline absl::Status CopyTensorOnGpu(::tensorflow::OpKernelContext* ctx,
   TF_RETURN_IF_ERROR(ctx->allocate_temp(tensor->dtype(), tensor->shape(), &tmp, attr));
   TF_RETURN_IF_ERROR(ToAbsl(gpu::CopyDeviceToDevice(
       const_cast<char*>(tmp.tensor_data().data()), tensor->tensor_data().data(),
-      tensor->TotalBytes(), GpuStreamOf(ctx))));
+      tensor->TotalBytes(), stream)));
   *tensor = tmp;
   return absl::OkStatus();
 }
@@ -122,7 +133,14 @@ template <typename T>
     }
   }
   if (sparse) {
-    for (::tensorflow::Var* var : vars) EnsureSparseVariableAccessGpu(ctx, var).IgnoreError();
+    // TF's helper CHECK-fails here; a failed copy (out of memory) is the op's error instead.
+    for (::tensorflow::Var* var : vars) {
+      const absl::Status status = EnsureSparseVariableAccessGpu(ctx, var);
+      if (!status.ok()) {
+        ctx->SetStatus(status);
+        return VariableInputLockHolder({}, {}, {});
+      }
+    }
   }
   std::sort(acquire_order.begin(), acquire_order.end(),
             [&mutexes](int a, int b) { return mutexes[a] < mutexes[b]; });

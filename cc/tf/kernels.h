@@ -34,6 +34,9 @@
 #endif
 
 namespace fusedopt {
+namespace gpu {
+struct IndexCheck;  // engine_gpu.h (CUDA builds)
+}  // namespace gpu
 namespace tf {
 
 using CPUDevice = Eigen::ThreadPoolDevice;
@@ -73,8 +76,9 @@ inline Shape ToShape(const ::tensorflow::TensorShape& s) {
   return out;
 }
 
+// One update: everything FusedApplyOp and FusedSparseApplyGpuOp do, given a context.
 template <typename Device, typename T, typename Rule, Variant kVariant, typename Index>
-class FusedApplyOp : public ::tensorflow::OpKernel {
+class FusedApply {
   static constexpr int kSlots = NumSlots<Rule>();
   static constexpr int kHyper = NumHyper<Rule>();
   static constexpr int kGradInput = 1 + kSlots + kHyper;
@@ -87,14 +91,25 @@ class FusedApplyOp : public ::tensorflow::OpKernel {
   using Storage = typename StorageOf<T>::type;
 
  public:
-  explicit FusedApplyOp(::tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit FusedApply(::tensorflow::OpKernelConstruction* ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("use_locking", &use_exclusive_lock_));
     for (int i = 0; i < NumOptions<Rule>(); ++i) {
       OP_REQUIRES_OK(ctx, ctx->GetAttr(Rule::kOptions[i].name, &options_[i]));
     }
   }
 
-  void Compute(::tensorflow::OpKernelContext* ctx) override {
+  // Validates, then updates (CPU) or enqueues the update (GPU). Errors go to ctx. GPU
+  // sparse calls need `check` (page-locked host memory): the device's index-check verdict
+  // lands there once the stream has run the call, and *num_rows is set for its message.
+  void Run(::tensorflow::OpKernelContext* ctx, gpu::IndexCheck* check = nullptr,
+           int64_t* num_rows_out = nullptr) {
+#ifdef FUSEDOPT_CUDA
+    // Before anything can copy a variable on the GPU (copy-on-write needs the stream).
+    if constexpr (kGpu) {
+      OP_REQUIRES(ctx, GpuStreamOf(ctx) != nullptr,
+                  absl::InternalError("fusedopt: no GPU stream for this op"));
+    }
+#endif
     // Resource lookups fail inside TF's locking helper with an InternalError; check
     // first so a missing/uninitialized variable reads as FailedPrecondition.
     for (int i = 0; i <= kSlots; ++i) {
@@ -108,6 +123,7 @@ class FusedApplyOp : public ::tensorflow::OpKernel {
     std::vector<int> state_inputs(1 + kSlots);
     std::iota(state_inputs.begin(), state_inputs.end(), 0);
     auto locks = LockVariables(ctx, state_inputs);
+    if (!ctx->status().ok()) return;
 
     // state[0] is var, state[1..] the slots.
     std::array<::tensorflow::Tensor, 1 + kSlots> state;
@@ -150,18 +166,23 @@ class FusedApplyOp : public ::tensorflow::OpKernel {
 #ifdef FUSEDOPT_CUDA
     if constexpr (kGpu) {
       const gpu::Stream stream = GpuStreamOf(ctx);
-      OP_REQUIRES(ctx, stream != nullptr, absl::InternalError("fusedopt: no GPU stream"));
       gpu::Status status;
       if constexpr (kSparse) {
         const ::tensorflow::Tensor& indices = ctx->input(kGradInput + 1);
         const int64_t num_rows = state[0].dim_size(0);
         const int64_t row_size = num_rows == 0 ? 0 : state[0].NumElements() / num_rows;
         TfGpuTempAllocator allocator(ctx);
-        // Checks every index (the one sync) before it writes anything.
+        // The index check runs on the device; the update kernels write nothing after a bad
+        // index, and the verdict reaches *check without the host waiting for it.
         status = gpu::ApplySparse<Rule, Storage, Index>(
             params, var, slots.data(), num_rows, row_size, grad_data,
             reinterpret_cast<const Index*>(indices.tensor_data().data()), indices.NumElements(),
-            allocator, stream);
+            allocator, stream, check);
+        if (!allocator.status().ok()) {
+          ctx->CtxFailure(allocator.status());
+          return;
+        }
+        *num_rows_out = num_rows;
       } else {
         status = gpu::ApplyDense<Rule, Storage>(params, var, slots.data(), grad_data,
                                                 state[0].NumElements(), stream);
@@ -233,6 +254,67 @@ class FusedApplyOp : public ::tensorflow::OpKernel {
   std::array<bool, NumOptions<Rule>()> options_{};
 };
 
+// The kernel for every CPU op and the dense GPU ops.
+template <typename Device, typename T, typename Rule, Variant kVariant, typename Index>
+class FusedApplyOp : public ::tensorflow::OpKernel {
+ public:
+  explicit FusedApplyOp(::tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx), apply_(ctx) {}
+  void Compute(::tensorflow::OpKernelContext* ctx) override { apply_.Run(ctx); }
+
+ private:
+  FusedApply<Device, T, Rule, kVariant, Index> apply_;
+};
+
+#ifdef FUSEDOPT_CUDA
+// Sparse GPU ops are asynchronous, as TF's own GPU ops that must report a data-dependent
+// error: Compute enqueues the whole update and returns; the index check's verdict is
+// copied into page-locked host memory behind it, and TF's EventMgr runs the callback that
+// turns a bad index into InvalidArgument (nothing was written) once the stream gets there.
+// The compute stream never drains for an embedding update.
+template <typename T, typename Rule, Variant kVariant, typename Index>
+class FusedSparseApplyGpuOp : public ::tensorflow::AsyncOpKernel {
+ public:
+  explicit FusedSparseApplyGpuOp(::tensorflow::OpKernelConstruction* ctx)
+      : AsyncOpKernel(ctx), apply_(ctx) {}
+
+  void ComputeAsync(::tensorflow::OpKernelContext* ctx, DoneCallback done) override {
+    ::tensorflow::Tensor verdict;
+    tsl::AllocatorAttributes on_host;
+    on_host.set_on_host(true);
+    on_host.set_gpu_compatible(true);  // page-locked: the device copies into it
+    OP_REQUIRES_OK_ASYNC(
+        ctx,
+        ctx->allocate_temp(::tensorflow::DT_INT64,
+                           ::tensorflow::TensorShape({sizeof(gpu::IndexCheck) / sizeof(int64_t)}),
+                           &verdict, on_host),
+        done);
+    auto* check = reinterpret_cast<gpu::IndexCheck*>(verdict.flat<int64_t>().data());
+    int64_t num_rows = 0;
+    apply_.Run(ctx, check, &num_rows);
+    if (!ctx->status().ok()) {
+      done();
+      return;
+    }
+    const auto* device_info = ctx->device()->tensorflow_accelerator_device_info();
+    OP_REQUIRES_ASYNC(ctx, device_info != nullptr && device_info->event_mgr != nullptr,
+                      absl::InternalError("fusedopt: no GPU event manager for this op"), done);
+    // `verdict` rides along so its memory outlives the copy into it.
+    device_info->event_mgr->ThenExecute(
+        ctx->op_device_context()->stream(),
+        [ctx, verdict, num_rows, done = std::move(done)]() {
+          const auto* result =
+              reinterpret_cast<const gpu::IndexCheck*>(verdict.flat<int64_t>().data());
+          const gpu::Status status = gpu::IndexCheckStatus(*result, num_rows);
+          if (!status.ok()) ctx->SetStatus(ToAbsl(status));
+          done();
+        });
+  }
+
+ private:
+  FusedApply<GpuDeviceTag, T, Rule, kVariant, Index> apply_;
+};
+#endif
+
 // Registers one kernel for op `op` on `device` with the given type constraints.
 // On GPU the scalar hyper-parameters are host-memory inputs (read once by Prepare()).
 template <typename Kernel>
@@ -251,6 +333,19 @@ void RegisterKernel(const std::string& op, const char* device, ::tensorflow::Dat
       });
 }
 
+// The kernel class of each op: FusedApplyOp, except for the asynchronous sparse GPU ops.
+template <typename Device, typename T, typename Rule, Variant kVariant, typename Index>
+struct KernelFor {
+  using type = FusedApplyOp<Device, T, Rule, kVariant, Index>;
+};
+#ifdef FUSEDOPT_CUDA
+template <typename T, typename Rule, Variant kVariant, typename Index>
+struct KernelFor<GpuDeviceTag, T, Rule, kVariant, Index> {
+  using type = std::conditional_t<IsSparse(kVariant), FusedSparseApplyGpuOp<T, Rule, kVariant, Index>,
+                                  FusedApplyOp<GpuDeviceTag, T, Rule, kVariant, Index>>;
+};
+#endif
+
 template <typename Device, typename Rule, typename T>
 void RegisterKernelsForType(const char* device) {
   using ::tensorflow::DataTypeToEnum;
@@ -261,17 +356,17 @@ void RegisterKernelsForType(const char* device) {
   if (std::string(device) != ::tensorflow::DEVICE_CPU) {
     host.assign(Rule::kHyper.begin(), Rule::kHyper.end());
   }
-  RegisterKernel<FusedApplyOp<Device, T, Rule, Variant::kApply, int32_t>>(
+  RegisterKernel<typename KernelFor<Device, T, Rule, Variant::kApply, int32_t>::type>(
       OpName(name, Variant::kApply), device, type, i32, false, host);
-  RegisterKernel<FusedApplyOp<Device, T, Rule, Variant::kResourceApply, int32_t>>(
+  RegisterKernel<typename KernelFor<Device, T, Rule, Variant::kResourceApply, int32_t>::type>(
       OpName(name, Variant::kResourceApply), device, type, i32, false, host);
-  RegisterKernel<FusedApplyOp<Device, T, Rule, Variant::kSparseApply, int32_t>>(
+  RegisterKernel<typename KernelFor<Device, T, Rule, Variant::kSparseApply, int32_t>::type>(
       OpName(name, Variant::kSparseApply), device, type, i32, true, host);
-  RegisterKernel<FusedApplyOp<Device, T, Rule, Variant::kSparseApply, int64_t>>(
+  RegisterKernel<typename KernelFor<Device, T, Rule, Variant::kSparseApply, int64_t>::type>(
       OpName(name, Variant::kSparseApply), device, type, i64, true, host);
-  RegisterKernel<FusedApplyOp<Device, T, Rule, Variant::kResourceSparseApply, int32_t>>(
+  RegisterKernel<typename KernelFor<Device, T, Rule, Variant::kResourceSparseApply, int32_t>::type>(
       OpName(name, Variant::kResourceSparseApply), device, type, i32, true, host);
-  RegisterKernel<FusedApplyOp<Device, T, Rule, Variant::kResourceSparseApply, int64_t>>(
+  RegisterKernel<typename KernelFor<Device, T, Rule, Variant::kResourceSparseApply, int64_t>::type>(
       OpName(name, Variant::kResourceSparseApply), device, type, i64, true, host);
 }
 

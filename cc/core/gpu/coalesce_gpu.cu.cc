@@ -1,5 +1,5 @@
 // Rule-independent CUDA pieces: device info, copies, and the sparse index check and
-// duplicate coalescing (CUB radix sort + run-length encode + scan). Kept apart from the
+// duplicate coalescing (CUB radix sort + run-length encode + scans, hot-row chunking). Kept apart from the
 // per-rule kernels so the two translation units compile in parallel.
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_run_length_encode.cuh>
@@ -54,29 +54,30 @@ int MultiProcessorCount() {
 
 namespace {
 
-constexpr unsigned long long kNoError = ~0ull;
-
-// error[0]: smallest offending position (atomicMin), kNoError when none.
+// check->position: smallest offending position (atomicMin); kAllInRange when none.
 template <typename Index>
 __global__ void CheckIndicesKernel(const Index* __restrict__ indices, int64_t n, int64_t num_rows,
-                                   unsigned long long* error) {
+                                   DeviceIndexCheck* check) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
     const int64_t row = static_cast<int64_t>(indices[i]);
-    if (row < 0 || row >= num_rows) atomicMin(error, static_cast<unsigned long long>(i));
+    if (row < 0 || row >= num_rows) {
+      atomicMin(&check->position, static_cast<unsigned long long>(i));
+    }
   }
 }
 
-// error[1] = the offending value, so one read-back carries the whole message.
+// check->value = the offending index, so the verdict carries the whole message.
 template <typename Index>
-__global__ void FetchOffenderKernel(const Index* __restrict__ indices, unsigned long long* error) {
-  if (error[0] != kNoError) {
-    error[1] = static_cast<unsigned long long>(static_cast<int64_t>(indices[error[0]]));
+__global__ void FetchOffenderKernel(const Index* __restrict__ indices, DeviceIndexCheck* check) {
+  if (IndicesRejected(check)) {
+    check->value = static_cast<long long>(indices[check->position]);
   }
 }
 
-// Sort input: keys are the (validated, non-negative) rows, values the positions.
+// Sort input: keys are the rows (as unsigned; garbage after a bad index, which the update
+// kernels then ignore), values the positions.
 template <typename Index>
 __global__ void PrepareSortKernel(const Index* __restrict__ indices, int64_t n,
                                   KeyOf<Index>* __restrict__ keys, uint32_t* __restrict__ positions) {
@@ -85,6 +86,18 @@ __global__ void PrepareSortKernel(const Index* __restrict__ indices, int64_t n,
        i += stride) {
     keys[i] = static_cast<KeyOf<Index>>(indices[i]);
     positions[i] = static_cast<uint32_t>(i);
+  }
+}
+
+// chunks[g] = the number of hot-row chunks of group g (0 for groups summed in one chain,
+// and for the unused entries past the last group, whose run length is 0).
+__global__ void HotChunkCountKernel(const uint32_t* __restrict__ counts, int64_t entries,
+                                    uint32_t* __restrict__ chunks) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < entries;
+       g += stride) {
+    const int64_t count = counts[g];
+    chunks[g] = count > kSerialSumLength ? static_cast<uint32_t>(DuplicateChunks(count)) : 0u;
   }
 }
 
@@ -114,10 +127,11 @@ class Arena {
 
 template <typename Index>
 Status CheckAndCoalesce(const Index* indices, int64_t n, int64_t num_rows, bool coalesce,
-                        TempAllocator& allocator, Stream stream, DeviceGroups<Index>* groups) {
+                        TempAllocator& allocator, Stream stream, IndexCheck* host_check,
+                        DeviceGroups<Index>* groups) {
   using Key = KeyOf<Index>;
   const int items = static_cast<int>(n);
-  // Rows fit in `bits` bits (num_rows - 1 >= every valid index): fewer radix passes.
+  // Valid rows fit in `bits` bits (num_rows - 1 >= every valid index): fewer radix passes.
   int bits = 1;
   while (bits < static_cast<int>(8 * sizeof(Key)) &&
          (static_cast<uint64_t>(num_rows - 1) >> bits) != 0) {
@@ -149,52 +163,42 @@ Status CheckAndCoalesce(const Index* indices, int64_t n, int64_t num_rows, bool 
   if (scan_bytes > cub_bytes) cub_bytes = scan_bytes;
 
   Arena arena;
-  arena.Add(2 * sizeof(unsigned long long));  // error scalars
+  arena.Add(sizeof(DeviceIndexCheck));
   if (coalesce) {
     arena.Add(n * sizeof(Key));             // keys in
     arena.Add(n * sizeof(Key));             // keys out (sorted)
     arena.Add(n * sizeof(uint32_t));        // positions in
     arena.Add(n * sizeof(uint32_t));        // positions out (sorted)
     arena.Add(n * sizeof(Key));             // unique rows
-    arena.Add((n + 1) * sizeof(uint32_t));  // counts
+    arena.Add((n + 1) * sizeof(uint32_t));  // run lengths
     arena.Add((n + 1) * sizeof(uint32_t));  // offsets
+    arena.Add((n + 1) * sizeof(uint32_t));  // hot-row chunks per group
+    arena.Add((n + 1) * sizeof(uint32_t));  // their offsets
     arena.Add(sizeof(uint32_t));            // number of groups
     arena.Add(cub_bytes);
   }
   void* base = allocator.Allocate(arena.total());
   if (base == nullptr) {
-    return {Status::kInternal, "fusedopt: could not allocate " + std::to_string(arena.total()) +
-                                   " bytes of GPU scratch memory for a sparse update"};
+    return {Status::kResourceExhausted,
+            "fusedopt: could not allocate " + std::to_string(arena.total()) +
+                " bytes of GPU scratch memory for a sparse update"};
   }
   arena.Start(base);
-  auto* error = arena.Take<unsigned long long>(2);
+  auto* check = arena.Take<DeviceIndexCheck>(1);
+  groups->check = check;
 
-  // 1. Index check; its read-back is the call's only synchronisation.
-  Status s = CudaError(cudaMemsetAsync(error, 0xff, 2 * sizeof(unsigned long long), stream),
-                       "memset");
+  // 1. Index check, its verdict copied to the host without waiting for it.
+  Status s = CudaError(cudaMemsetAsync(check, 0xff, sizeof(DeviceIndexCheck), stream), "memset");
   if (!s.ok()) return s;
   CheckIndicesKernel<Index><<<GridFor(n, kThreads), kThreads, 0, stream>>>(indices, n, num_rows,
-                                                                           error);
-  FetchOffenderKernel<Index><<<1, 1, 0, stream>>>(indices, error);
+                                                                           check);
+  FetchOffenderKernel<Index><<<1, 1, 0, stream>>>(indices, check);
   s = LaunchStatus("index check");
   if (!s.ok()) return s;
-  unsigned long long host_error[2];
-  s = CudaError(cudaMemcpyAsync(host_error, error, sizeof(host_error), cudaMemcpyDeviceToHost,
+  s = CudaError(cudaMemcpyAsync(host_check, check, sizeof(IndexCheck), cudaMemcpyDeviceToHost,
                                 stream),
-                "index check read-back");
-  if (!s.ok()) return s;
-  s = CudaError(cudaStreamSynchronize(stream), "index check");
-  if (!s.ok()) return s;
-  if (host_error[0] != kNoError) {
-    // The CPU's own message, from the offender found on the device.
-    const Index offender = static_cast<Index>(static_cast<int64_t>(host_error[1]));
-    const int64_t position = static_cast<int64_t>(host_error[0]);
-    std::string message = CheckIndices(&offender, 1, num_rows);
-    const std::string prefix = "indices[0]";
-    message.replace(0, prefix.size(), "indices[" + std::to_string(position) + "]");
-    return {Status::kInvalidArgument, message};
-  }
-  if (!coalesce) return Status::Ok();
+                "index check copy");
+  if (!s.ok() || !coalesce) return s;
 
   // 2. Stable sort of (row, position): positions stay ascending within a row.
   Key* keys_in = arena.Take<Key>(n);
@@ -204,6 +208,8 @@ Status CheckAndCoalesce(const Index* indices, int64_t n, int64_t num_rows, bool 
   Key* rows = arena.Take<Key>(n);
   uint32_t* counts = arena.Take<uint32_t>(n + 1);
   uint32_t* offsets = arena.Take<uint32_t>(n + 1);
+  uint32_t* hot_chunks = arena.Take<uint32_t>(n + 1);
+  uint32_t* hot_chunk_offsets = arena.Take<uint32_t>(n + 1);
   uint32_t* num_groups = arena.Take<uint32_t>(1);
   void* cub_temp = arena.Take<char>(cub_bytes);
   PrepareSortKernel<Index><<<GridFor(n, kThreads), kThreads, 0, stream>>>(indices, n, keys_in,
@@ -228,17 +234,29 @@ Status CheckAndCoalesce(const Index* indices, int64_t n, int64_t num_rows, bool 
   s = CudaError(cub::DeviceScan::ExclusiveSum(cub_temp, bytes, counts, offsets, items + 1, stream),
                 "scan");
   if (!s.ok()) return s;
+  // 4. Hot rows: number their chunks (an exclusive sum again; the same item count, so the
+  //    same scratch size).
+  HotChunkCountKernel<<<GridFor(n + 1, kThreads), kThreads, 0, stream>>>(counts, n + 1,
+                                                                        hot_chunks);
+  s = LaunchStatus("hot-row chunk count");
+  if (!s.ok()) return s;
+  bytes = scan_bytes;
+  s = CudaError(cub::DeviceScan::ExclusiveSum(cub_temp, bytes, hot_chunks, hot_chunk_offsets,
+                                              items + 1, stream),
+                "scan");
+  if (!s.ok()) return s;
   groups->rows = rows;
   groups->offsets = offsets;
   groups->positions = positions_out;
   groups->num_groups = num_groups;
+  groups->hot_chunk_offsets = hot_chunk_offsets;
   return Status::Ok();
 }
 
 template Status CheckAndCoalesce<int32_t>(const int32_t*, int64_t, int64_t, bool, TempAllocator&,
-                                          Stream, DeviceGroups<int32_t>*);
+                                          Stream, IndexCheck*, DeviceGroups<int32_t>*);
 template Status CheckAndCoalesce<int64_t>(const int64_t*, int64_t, int64_t, bool, TempAllocator&,
-                                          Stream, DeviceGroups<int64_t>*);
+                                          Stream, IndexCheck*, DeviceGroups<int64_t>*);
 
 }  // namespace detail
 }  // namespace gpu

@@ -71,41 +71,117 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// One update per distinct row. Threads are grouped in lanes of 2^lanes_log2 per row
-// (narrow rows share a block, wide rows stride over columns); each element sums its
-// gradient rows in position order, exactly as the CPU engine does.
-template <typename Rule, typename T, typename Key>
+// Threads work in lane groups of 2^lanes_log2 per row (narrow rows share a block, wide
+// rows stride over columns); each group walks items (rows or chunks) grid-stride.
+struct RowLanes {
+  int lanes_log2;
+  __device__ int lane() const { return threadIdx.x & ((1 << lanes_log2) - 1); }
+  __device__ int64_t first_item() const {
+    return static_cast<int64_t>(blockIdx.x) * (blockDim.x >> lanes_log2) +
+           (threadIdx.x >> lanes_log2);
+  }
+  __device__ int64_t item_step() const {
+    return static_cast<int64_t>(gridDim.x) * (blockDim.x >> lanes_log2);
+  }
+};
+
+// Left-to-right sum of column c over gradient rows positions[begin .. end), end > begin.
+template <typename T>
+__device__ __forceinline__ ComputeType<T> SumColumn(const T* __restrict__ grad, int64_t row_size,
+                                                    const uint32_t* __restrict__ positions,
+                                                    uint32_t begin, uint32_t end, int64_t c) {
+  ComputeType<T> sum = Load(grad[static_cast<int64_t>(positions[begin]) * row_size + c]);
+  for (uint32_t j = begin + 1; j < end; ++j) {
+    sum += Load(grad[static_cast<int64_t>(positions[j]) * row_size + c]);
+  }
+  return sum;
+}
+
+template <typename Rule, typename T>
+__device__ __forceinline__ void UpdateElement(const ParamsFor<Rule, T>& p, T* __restrict__ var,
+                                              const SlotPointers<T, NumSlots<Rule>()>& slots,
+                                              int64_t i, ComputeType<T> g) {
+  using C = ComputeType<T>;
+  constexpr int kSlots = NumSlots<Rule>();
+  C v = Load(var[i]);
+  C s[kSlots];
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k) s[k] = Load(slots.p[k][i]);
+  Rule::Update(p, v, s, g);
+  Store(var[i], v);
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k) Store(slots.p[k][i], s[k]);
+}
+
+// Rows with at most kSerialSumLength gradient rows (nearly all of them): one left-to-right
+// sum per element, then the update. Hot rows are left to the two kernels below.
+template <typename Rule, typename T, typename Index>
 __global__ void __launch_bounds__(kThreads)
     SparseKernel(const ParamsFor<Rule, T> p, T* __restrict__ var,
                  const SlotPointers<T, NumSlots<Rule>()> slots, const T* __restrict__ grad,
-                 int64_t row_size, const Key* __restrict__ rows,
-                 const uint32_t* __restrict__ offsets, const uint32_t* __restrict__ positions,
-                 const uint32_t* __restrict__ num_groups, int lanes_log2) {
+                 int64_t row_size, DeviceGroups<Index> groups, RowLanes lanes) {
+  if (IndicesRejected(groups.check)) return;
+  const int64_t num_groups = *groups.num_groups;
+  for (int64_t g = lanes.first_item(); g < num_groups; g += lanes.item_step()) {
+    const uint32_t begin = groups.offsets[g], end = groups.offsets[g + 1];
+    if (end - begin > kSerialSumLength) continue;
+    const int64_t base = static_cast<int64_t>(groups.rows[g]) * row_size;
+    for (int64_t c = lanes.lane(); c < row_size; c += 1 << lanes.lanes_log2) {
+      UpdateElement<Rule, T>(p, var, slots, base + c,
+                             SumColumn(grad, row_size, groups.positions, begin, end, c));
+    }
+  }
+}
+
+// Hot rows, first level: every chunk of every hot row, spread over the whole GPU, sums
+// its gradient rows left to right into partials[chunk].
+template <typename T, typename Index>
+__global__ void __launch_bounds__(kThreads)
+    HotChunkKernel(const T* __restrict__ grad, int64_t row_size, DeviceGroups<Index> groups,
+                   ComputeType<T>* __restrict__ partials, RowLanes lanes) {
+  if (IndicesRejected(groups.check)) return;
+  const int64_t num_groups = *groups.num_groups;
+  const uint32_t* chunk_offsets = groups.hot_chunk_offsets;
+  const int64_t num_chunks = chunk_offsets[num_groups];
+  for (int64_t h = lanes.first_item(); h < num_chunks; h += lanes.item_step()) {
+    // The group owning chunk h: the last g with chunk_offsets[g] <= h.
+    int64_t lo = 0, hi = num_groups;  // chunk_offsets[lo] <= h < chunk_offsets[hi]
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (chunk_offsets[mid] <= h) lo = mid; else hi = mid;
+    }
+    const uint32_t group_begin = groups.offsets[lo], group_end = groups.offsets[lo + 1];
+    const int64_t length = DuplicateChunkLength(group_end - group_begin);
+    const uint32_t begin =
+        group_begin + static_cast<uint32_t>((h - chunk_offsets[lo]) * length);
+    const uint32_t end = min(group_end, static_cast<uint32_t>(begin + length));
+    for (int64_t c = lanes.lane(); c < row_size; c += 1 << lanes.lanes_log2) {
+      partials[h * row_size + c] = SumColumn(grad, row_size, groups.positions, begin, end, c);
+    }
+  }
+}
+
+// Hot rows, second level: each hot row sums its chunks' partials left to right, then
+// updates the row once.
+template <typename Rule, typename T, typename Index>
+__global__ void __launch_bounds__(kThreads)
+    HotRowKernel(const ParamsFor<Rule, T> p, T* __restrict__ var,
+                 const SlotPointers<T, NumSlots<Rule>()> slots, int64_t row_size,
+                 DeviceGroups<Index> groups, const ComputeType<T>* __restrict__ partials,
+                 RowLanes lanes) {
   using C = ComputeType<T>;
-  constexpr int kSlots = NumSlots<Rule>();
-  const int lanes = 1 << lanes_log2;
-  const int rows_per_block = blockDim.x >> lanes_log2;
-  const int lane = threadIdx.x & (lanes - 1);
-  const int64_t groups = *num_groups;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * rows_per_block;
-  for (int64_t g = static_cast<int64_t>(blockIdx.x) * rows_per_block + (threadIdx.x >> lanes_log2);
-       g < groups; g += step) {
-    const int64_t base = static_cast<int64_t>(rows[g]) * row_size;
-    const uint32_t begin = offsets[g], end = offsets[g + 1];
-    const T* first_row = grad + static_cast<int64_t>(positions[begin]) * row_size;
-    for (int64_t c = lane; c < row_size; c += lanes) {
-      C sum = Load(first_row[c]);
-      for (uint32_t j = begin + 1; j < end; ++j) {
-        sum += Load(grad[static_cast<int64_t>(positions[j]) * row_size + c]);
+  if (IndicesRejected(groups.check)) return;
+  const int64_t num_groups = *groups.num_groups;
+  for (int64_t g = lanes.first_item(); g < num_groups; g += lanes.item_step()) {
+    const uint32_t first = groups.hot_chunk_offsets[g], last = groups.hot_chunk_offsets[g + 1];
+    if (first == last) continue;  // not a hot row
+    const int64_t base = static_cast<int64_t>(groups.rows[g]) * row_size;
+    for (int64_t c = lanes.lane(); c < row_size; c += 1 << lanes.lanes_log2) {
+      C sum = partials[static_cast<int64_t>(first) * row_size + c];
+      for (uint32_t h = first + 1; h < last; ++h) {
+        sum += partials[static_cast<int64_t>(h) * row_size + c];
       }
-      C v = Load(var[base + c]);
-      C s[kSlots];
-#pragma unroll
-      for (int k = 0; k < kSlots; ++k) s[k] = Load(slots.p[k][base + c]);
-      Rule::Update(p, v, s, sum);
-      Store(var[base + c], v);
-#pragma unroll
-      for (int k = 0; k < kSlots; ++k) Store(slots.p[k][base + c], s[k]);
+      UpdateElement<Rule, T>(p, var, slots, base + c, sum);
     }
   }
 }
@@ -145,26 +221,42 @@ Status ApplyDense(const ParamsFor<Rule, T>& p, T* var, T* const* slots, const T*
 template <typename Rule, typename T, typename Index>
 Status ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, int64_t num_rows,
                    int64_t row_size, const T* grad, const Index* indices, int64_t n,
-                   TempAllocator& allocator, Stream stream) {
+                   TempAllocator& allocator, Stream stream, IndexCheck* check) {
   using namespace detail;
+  using C = ComputeType<T>;
   constexpr int kSlots = NumSlots<Rule>();
+  *check = IndexCheck{};
   if (n <= 0) return Status::Ok();  // nothing to check, nothing to write
-  if (n >= INT32_MAX) {  // CUB's item counts are int (and the scan covers n + 1 items)
-    return {Status::kInvalidArgument,
-            "sparse GPU updates take at most 2147483646 indices per call, got " +
-                std::to_string(n)};
+  if (n > kMaxSparseIndices) {       // callers validate first; this guards the 32-bit math
+    return {Status::kInvalidArgument, "sparse updates take at most " +
+                                          std::to_string(kMaxSparseIndices) +
+                                          " indices per call, got " + std::to_string(n)};
   }
   DeviceGroups<Index> groups;
   // Indices are checked even when rows are empty (row_size 0), as on the CPU.
-  Status s = CheckAndCoalesce<Index>(indices, n, num_rows, row_size > 0, allocator, stream,
+  Status s = CheckAndCoalesce<Index>(indices, n, num_rows, row_size > 0, allocator, stream, check,
                                      &groups);
   if (!s.ok() || row_size == 0) return s;
-  int lanes_log2 = 0;
-  while ((int64_t{1} << lanes_log2) < row_size && (1 << lanes_log2) < kThreads) ++lanes_log2;
-  const int64_t rows_per_block = kThreads >> lanes_log2;
-  SparseKernel<Rule, T, KeyOf<Index>><<<GridFor(n, rows_per_block), kThreads, 0, stream>>>(
-      p, var, ToSlotPointers<T, kSlots>(slots), grad, row_size, groups.rows, groups.offsets,
-      groups.positions, groups.num_groups, lanes_log2);
+  C* partials = static_cast<C*>(allocator.Allocate(
+      static_cast<size_t>(MaxHotChunks(n)) * static_cast<size_t>(row_size) * sizeof(C)));
+  if (partials == nullptr) {
+    return {Status::kResourceExhausted,
+            "fusedopt: could not allocate GPU scratch memory for the hot-row sums of a sparse "
+            "update (" + std::to_string(MaxHotChunks(n)) + " x " + std::to_string(row_size) +
+                " values)"};
+  }
+  RowLanes lanes{0};
+  while ((int64_t{1} << lanes.lanes_log2) < row_size && (1 << lanes.lanes_log2) < kThreads) {
+    ++lanes.lanes_log2;
+  }
+  const int64_t rows_per_block = kThreads >> lanes.lanes_log2;
+  const auto slot_pointers = ToSlotPointers<T, kSlots>(slots);
+  SparseKernel<Rule, T, Index><<<GridFor(n, rows_per_block), kThreads, 0, stream>>>(
+      p, var, slot_pointers, grad, row_size, groups, lanes);
+  HotChunkKernel<T, Index><<<GridFor(MaxHotChunks(n), rows_per_block), kThreads, 0, stream>>>(
+      grad, row_size, groups, partials, lanes);
+  HotRowKernel<Rule, T, Index><<<GridFor(n / (kSerialSumLength + 1) + 1, rows_per_block), kThreads, 0,
+                          stream>>>(p, var, slot_pointers, row_size, groups, partials, lanes);
   return LaunchStatus("sparse update");
 }
 
@@ -174,10 +266,10 @@ Status ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, int64_t
                                       int64_t, Stream);                                          \
   template Status ApplySparse<Rule, T, int32_t>(const ParamsFor<Rule, T>&, T*, T* const*,       \
                                                 int64_t, int64_t, const T*, const int32_t*,      \
-                                                int64_t, TempAllocator&, Stream);                \
+                                                int64_t, TempAllocator&, Stream, IndexCheck*);   \
   template Status ApplySparse<Rule, T, int64_t>(const ParamsFor<Rule, T>&, T*, T* const*,       \
                                                 int64_t, int64_t, const T*, const int64_t*,      \
-                                                int64_t, TempAllocator&, Stream);
+                                                int64_t, TempAllocator&, Stream, IndexCheck*);
 #define FUSEDOPT_INSTANTIATE_GPU_RULE(Rule) \
   FUSEDOPT_INSTANTIATE_GPU(Rule, half_t)    \
   FUSEDOPT_INSTANTIATE_GPU(Rule, bfloat16_t) \

@@ -7,13 +7,17 @@
 // Semantics are those of the CPU engine, word for word:
 //   dense   one fused pass per element (read var/slots/grad once, write var/slots once);
 //   sparse  every index checked first (the first offending position is reported with
-//           the CPU's message and nothing is written), duplicates summed in order of
-//           appearance, then one Update() per unique row. Coalescing is a stable radix
-//           sort of (row, position) pairs, so the sum order is the CPU's and results are
-//           bit-identical run to run and, for float/double, with the CPU engine (device
-//           code is compiled with --fmad=false and IEEE sqrt/division).
-// The only host synchronisation is the one read-back of the index check in sparse
-// calls. Work is enqueued on `stream`; buffers must stay valid until it completes.
+//           the CPU's message and nothing is written), duplicates summed in the order of
+//           sum_order.h, then one Update() per unique row. Coalescing is a stable radix
+//           sort of (row, position) pairs, so results are bit-identical run to run and,
+//           for float/double, with the CPU engine (device code is compiled with
+//           --fmad=false and IEEE sqrt/division).
+// Nothing here synchronises with the host: work is enqueued on `stream` and the calls
+// return. A sparse call's index check runs on the device; every kernel that writes reads
+// its verdict first and writes nothing after a bad index, and the verdict is copied into
+// host memory the caller provides (IndexCheck), to be read once the stream has passed the
+// call (an event, a stream callback or a synchronisation). Buffers must stay valid until
+// the enqueued work completes.
 #ifndef FUSEDOPT_CC_CORE_GPU_ENGINE_GPU_H_
 #define FUSEDOPT_CC_CORE_GPU_ENGINE_GPU_H_
 
@@ -22,6 +26,7 @@
 #include <string>
 
 #include "cc/core/engine.h"
+#include "cc/core/validate.h"
 
 struct CUstream_st;  // cudaStream_t / CUstream without the CUDA headers
 
@@ -31,7 +36,7 @@ namespace gpu {
 using Stream = CUstream_st*;
 
 struct Status {
-  enum Code { kOk = 0, kInvalidArgument, kInternal };
+  enum Code { kOk = 0, kInvalidArgument, kResourceExhausted, kInternal };
   Code code = kOk;
   std::string message;
   bool ok() const { return code == kOk; }
@@ -48,16 +53,36 @@ class TempAllocator {
   virtual void* Allocate(size_t bytes) = 0;
 };
 
+// The verdict of a sparse call's index check, copied by the device into host memory
+// (page-locked, for the copy to be asynchronous). Same layout as the device's record.
+struct IndexCheck {
+  static constexpr uint64_t kAllInRange = ~uint64_t{0};
+  uint64_t position = kAllInRange;  // first offending position
+  int64_t value = 0;                // its index
+};
+
+// InvalidArgument with the CPU engine's message when `check` found a bad index. Read it
+// only after the stream has passed the call that fills it.
+inline Status IndexCheckStatus(const IndexCheck& check, int64_t num_rows) {
+  if (check.position == IndexCheck::kAllInRange) return Status::Ok();
+  return {Status::kInvalidArgument,
+          IndexErrorMessage(static_cast<int64_t>(check.position), check.value, num_rows)};
+}
+
 // Dense update of n elements. Never fails on valid pointers except for CUDA errors.
 template <typename Rule, typename T>
 Status ApplyDense(const ParamsFor<Rule, T>& p, T* var, T* const* slots, const T* grad, int64_t n,
                   Stream stream);
 
-// var and slots are [num_rows, row_size] on the device; grad [n, row_size]; indices [n].
+// var and slots are [num_rows, row_size] on the device; grad [n, row_size]; indices [n],
+// n <= kMaxSparseIndices. Enqueues the index check, coalescing and updates and a copy of
+// the check's verdict into *check (host memory that must stay valid until the stream has
+// passed the call; it reads "all in range" until then). The returned Status covers what
+// the host sees while enqueueing: launch errors, scratch memory (kResourceExhausted).
 template <typename Rule, typename T, typename Index>
 Status ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, int64_t num_rows,
                    int64_t row_size, const T* grad, const Index* indices, int64_t n,
-                   TempAllocator& allocator, Stream stream);
+                   TempAllocator& allocator, Stream stream, IndexCheck* check);
 
 // Stream-ordered device-to-device copy (copy-on-write of variables).
 Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes, Stream stream);

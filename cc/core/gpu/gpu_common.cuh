@@ -1,5 +1,5 @@
 // Internals shared by the two CUDA translation units (nvcc only): launch sizing,
-// error mapping, and the interface between index coalescing (coalesce_gpu.cu.cc,
+// error mapping, the device-side index check, and the interface between index coalescing (coalesce_gpu.cu.cc,
 // rule-independent, holds all CUB code) and the per-rule kernels (engine_gpu.cu.cc).
 #ifndef FUSEDOPT_CC_CORE_GPU_GPU_COMMON_CUH_
 #define FUSEDOPT_CC_CORE_GPU_GPU_COMMON_CUH_
@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "cc/core/gpu/engine_gpu.h"
+#include "cc/core/sum_order.h"
 
 namespace fusedopt {
 namespace gpu {
@@ -44,23 +45,46 @@ inline Status LaunchStatus(const char* what) { return CudaError(cudaGetLastError
 template <typename Index>
 using KeyOf = std::make_unsigned_t<Index>;
 
+// The device's copy of the index check (IndexCheck's layout): position is the smallest
+// offending position (atomicMin), kAllInRange when there is none.
+struct DeviceIndexCheck {
+  unsigned long long position;
+  long long value;
+};
+static_assert(sizeof(DeviceIndexCheck) == sizeof(IndexCheck), "IndexCheck layout");
+
+// Every kernel that writes var or slots starts with this: after a bad index, nothing.
+__device__ __forceinline__ bool IndicesRejected(const DeviceIndexCheck* check) {
+  return check->position != static_cast<unsigned long long>(IndexCheck::kAllInRange);
+}
+
 // Duplicate-coalesced rows of a sparse call, all in device memory: group g updates row
-// rows[g] with gradient rows positions[offsets[g] .. offsets[g+1]) (ascending). The
-// number of groups stays on the device (*num_groups) so no extra sync is needed.
+// rows[g] with gradient rows positions[offsets[g] .. offsets[g+1]) (ascending). Groups of
+// more than kSerialSumLength rows ("hot" rows) are summed in chunks (sum_order.h): their
+// chunks are numbered hot_chunk_offsets[g] .. hot_chunk_offsets[g+1] (no chunks for the
+// other groups). Counts stay on the device (*num_groups) so nothing synchronises.
 template <typename Index>
 struct DeviceGroups {
   const KeyOf<Index>* rows = nullptr;
   const uint32_t* offsets = nullptr;
   const uint32_t* positions = nullptr;
   const uint32_t* num_groups = nullptr;
+  const uint32_t* hot_chunk_offsets = nullptr;
+  const DeviceIndexCheck* check = nullptr;
 };
 
-// Checks every index is in [0, num_rows) (the one host sync: an InvalidArgument status
-// with the CPU's message names the first offender, before anything is written), then,
-// when `coalesce` is true, sorts and groups. n must be in [1, 2^31 - 1).
+// Hot-row chunks of a call with n indices never exceed this (sum_order.h: a group of
+// c > 32 rows has fewer than c / 16 chunks), which sizes the partial-sum scratch.
+inline int64_t MaxHotChunks(int64_t n) { return n / 16 + 1; }
+
+// Enqueues the index check (its verdict into groups->check on the device and, by an
+// asynchronous copy, into *host_check) and, when `coalesce` is true, the sort and grouping.
+// Coalescing runs even after a bad index (it only reads indices and writes scratch); the
+// update kernels then write nothing. n must be in [1, kMaxSparseIndices].
 template <typename Index>
 Status CheckAndCoalesce(const Index* indices, int64_t n, int64_t num_rows, bool coalesce,
-                        TempAllocator& allocator, Stream stream, DeviceGroups<Index>* groups);
+                        TempAllocator& allocator, Stream stream, IndexCheck* host_check,
+                        DeviceGroups<Index>* groups);
 
 }  // namespace detail
 }  // namespace gpu
