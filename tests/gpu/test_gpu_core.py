@@ -10,123 +10,14 @@ Float and double results must equal the CPU engine's bit for bit (device code is
 --fmad=false, IEEE sqrt/division, and sums duplicates in the CPU's order); 16-bit types
 compute in float32 with the same rounding, so they are compared bit for bit too.
 """
-import importlib
-import os
-import sys
-
 import numpy as np
 import pytest
 
-BUILD = os.environ.get("FUSEDOPT_GPU_BUILD")
-if BUILD:
-    sys.path.insert(0, BUILD)
+from gpu_harness import (DTYPES, HYPER, RULE_OPTIONS, assert_bits_equal, check_same, core,
+                         core_cuda, cp, dtype_arg, make_state, requires_gpu, run_cpu, run_gpu,
+                         to_device, to_host)
 
-
-def _import(name):
-    for full in (name, "fusedopt." + name):
-        try:
-            return importlib.import_module(full)
-        except ImportError:
-            continue
-    return None
-
-
-core_cuda = _import("_core_cuda")
-core = _import("_core")
-try:
-    import cupy as cp
-except Exception:  # not installed, or no CUDA runtime for it
-    cp = None
-try:
-    import ml_dtypes
-except ImportError:
-    ml_dtypes = None
-
-_devices = core_cuda.device_count() if core_cuda is not None else 0
-_missing = [what for what, ok in (("fusedopt._core_cuda", core_cuda is not None),
-                                  ("fusedopt._core", core is not None), ("cupy", cp is not None),
-                                  ("a CUDA device", _devices > 0)) if not ok]
-pytestmark = pytest.mark.skipif(bool(_missing), reason="no GPU: skipped (missing "
-                                + ", ".join(_missing) + ")")
-
-RULES = ["lazy_adam", "adamax", "adagrad"]
-DTYPES = ["float16", "bfloat16", "float32", "float64"]
-HYPER = {
-    "lazy_adam": dict(beta1_power=0.9**3, beta2_power=0.999**3, lr=0.01, beta1=0.9, beta2=0.999,
-                      epsilon=1e-7),
-    "adamax": dict(beta1_power=0.9**3, lr=0.01, beta1=0.9, beta2=0.999, epsilon=1e-7),
-    "adagrad": dict(lr=0.1, epsilon=1e-7),
-}
-OPTIONS = {
-    "lazy_adam": [{}, {"use_nesterov": True}],
-    "adamax": [{}],
-    "adagrad": [{}, {"epsilon_inside_sqrt": True}, {"update_slots": False}],
-}
-RULE_OPTIONS = [(r, o) for r in RULES for o in OPTIONS[r]]
-NUM_SLOTS = {"lazy_adam": 2, "adamax": 2, "adagrad": 1}
-
-
-def np_dtype(dtype):
-    return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
-
-
-def make_state(rule, dtype, shape, rng, grad_rows=None):
-    """var, slots (non-negative where the rule needs it) and grad, as host arrays."""
-    t = np_dtype(dtype)
-    var = rng.standard_normal(shape).astype(t)
-    slots = [rng.standard_normal(shape).astype(t)]
-    if NUM_SLOTS[rule] == 2:
-        slots.append(np.abs(rng.standard_normal(shape)).astype(t))
-    else:
-        slots = [np.abs(s) + np.asarray(0.1).astype(t) for s in slots]
-    grad_shape = shape if grad_rows is None else (grad_rows,) + tuple(shape[1:])
-    grad = rng.standard_normal(grad_shape).astype(t)
-    return var, slots, grad
-
-
-def to_device(a):
-    if a.dtype == np_dtype("bfloat16"):
-        return cp.asarray(a.view(np.uint16))
-    return cp.asarray(a)
-
-
-def to_host(d, dtype):
-    return cp.asnumpy(d).view(np_dtype(dtype))
-
-
-def run_gpu(rule, dtype, var, slots, grad, hyper, options, indices=None, stream=0):
-    dvar, dslots, dgrad = to_device(var), [to_device(s) for s in slots], to_device(grad)
-    kw = dict(options=options, stream=stream, dtype="bfloat16" if dtype == "bfloat16" else "")
-    if indices is None:
-        core_cuda.apply_dense(rule, dvar, dslots, dgrad, hyper, **kw)
-    else:
-        core_cuda.apply_sparse(rule, dvar, dslots, dgrad, cp.asarray(indices), hyper, **kw)
-    cp.cuda.runtime.deviceSynchronize()
-    return to_host(dvar, dtype), [to_host(s, dtype) for s in dslots]
-
-
-def run_cpu(rule, var, slots, grad, hyper, options, indices=None):
-    var, slots = var.copy(), [s.copy() for s in slots]
-    if indices is None:
-        core.apply_dense(rule, var, slots, grad, hyper, options)
-    else:
-        core.apply_sparse(rule, var, slots, grad, indices, hyper, options)
-    return var, slots
-
-
-def assert_bits_equal(got, want, what):
-    g, w = np.ascontiguousarray(got), np.ascontiguousarray(want)
-    assert g.shape == w.shape, what
-    gb, wb = g.view(np.uint8).reshape(g.size, -1), w.view(np.uint8).reshape(w.size, -1)
-    diff = np.flatnonzero((gb != wb).any(axis=1))
-    assert diff.size == 0, (f"{what}: {diff.size} of {g.size} elements differ from the CPU engine; "
-                            f"first at {diff[0]}: gpu {g.flat[diff[0]]!r} cpu {w.flat[diff[0]]!r}")
-
-
-def check_same(rule, dtype, gpu, cpu):
-    assert_bits_equal(gpu[0], cpu[0], f"{rule}/{dtype} var")
-    for k, (g, c) in enumerate(zip(gpu[1], cpu[1])):
-        assert_bits_equal(g, c, f"{rule}/{dtype} slot {k}")
+pytestmark = requires_gpu
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -152,7 +43,7 @@ def test_dense_unaligned_buffers_take_the_scalar_path(dtype):
 
     dvar, dslots, dgrad = shifted(var), [shifted(s) for s in slots], shifted(grad)
     core_cuda.apply_dense(rule, dvar, dslots, dgrad, HYPER[rule],
-                          dtype="bfloat16" if dtype == "bfloat16" else "")
+                          dtype=dtype_arg(dtype))
     cp.cuda.runtime.deviceSynchronize()
     check_same(rule, dtype, (to_host(dvar, dtype), [to_host(s, dtype) for s in dslots]), want)
 
