@@ -1,5 +1,6 @@
 """What the GPU test files in tests/gpu share: the modules under test, the skip marker,
-the rule table, host-state builders, device copies and the bit-for-bit comparison.
+the rule table, host-state builders, device copies, the bit-for-bit comparison, and
+StreamHold (keeps a stream busy, to see which stream a call used).
 
 The modules come from $FUSEDOPT_GPU_BUILD (what tools/gpu_check.sh builds) or the
 installed fusedopt package; with FUSEDOPT_GPU_STANDIN=1, _core_cuda and cupy are the CPU
@@ -53,8 +54,9 @@ MISSING = [what for what, ok in (("fusedopt._core_cuda", core_cuda is not None),
                                  ("a CUDA device", _devices > 0)) if not ok]
 if STANDIN and MISSING:
     raise ImportError("FUSEDOPT_GPU_STANDIN=1 but missing: " + ", ".join(MISSING))
-if STANDIN and not getattr(cp, "IS_STANDIN", False):
-    raise ImportError("FUSEDOPT_GPU_STANDIN=1 but the real cupy was imported")
+if STANDIN and not (getattr(cp, "IS_STANDIN", False)
+                    and os.path.dirname(core_cuda.__file__) == STANDIN_DIR):
+    raise ImportError("FUSEDOPT_GPU_STANDIN=1 but the real cupy or _core_cuda was imported")
 requires_gpu = pytest.mark.skipif(bool(MISSING), reason="no GPU: skipped (missing "
                                   + ", ".join(MISSING) + ")")
 
@@ -161,6 +163,9 @@ extern "C" __global__ void hold_stream(unsigned long long release_address,
 """
 
 
+_HOLD_FLAGS = []
+
+
 class StreamHold:
     """Keeps `stream` busy from now until release() (or max_seconds), so that work enqueued
     on it meanwhile cannot run yet: the way to see which stream a call really used.
@@ -171,12 +176,15 @@ class StreamHold:
         if STANDIN:
             self._standin_hold = stream.standin_hold(max_seconds)
             return
-        self._flag_memory = cp.cuda.alloc_pinned_memory(4)
-        self._flag = np.frombuffer(self._flag_memory, np.uint32, 1)
+        flag_memory = cp.cuda.alloc_pinned_memory(4)
+        # Never handed back to CuPy's pool: a later hold must not reuse (and zero) a flag that
+        # a kernel of an earlier hold may still be polling.
+        _HOLD_FLAGS.append(flag_memory)
+        self._flag = np.frombuffer(flag_memory, np.uint32, 1)
         self._flag[0] = 0
         kernel = cp.RawKernel(_HOLD_KERNEL, "hold_stream")
         with stream:
-            kernel((1,), (1,), (np.uint64(self._flag_memory.ptr), np.uint64(max_seconds * 1e9)))
+            kernel((1,), (1,), (np.uint64(flag_memory.ptr), np.uint64(max_seconds * 1e9)))
 
     def release(self):
         if STANDIN:
