@@ -307,6 +307,17 @@ def test_passing_run_sanitizes_memcheck_then_racecheck_and_sums_up(fake, built):
         assert "compute-sanitizer racecheck: clean" in f.read()
 
 
+def test_failing_tests_fail_the_run_after_the_other_stages(fake, built):
+    fake.reuse(built)
+    fake.device_that_initialises()
+    fake.tests({"test_one.py": "def test_fails():\n    assert False\n"})
+    fake.run(GPU_CHECK_BENCH="0", GPU_CHECK_SANITIZER_SLOWDOWN="1")
+    assert fake.returncode == 1, fake.stdout
+    assert "FAIL: 1 of 1 GPU tests failed (0 skipped)" in fake.stdout
+    assert "tests passed" not in fake.stdout
+    assert len(fake.sanitizer_calls()) == 2
+
+
 def test_sanitizer_errors_fail_the_run(fake, built):
     fake.reuse(built)
     fake.device_that_initialises()

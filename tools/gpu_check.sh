@@ -17,7 +17,7 @@
 # Time: the whole run stays within GPU_CHECK_BUDGET_S (default 480 s, under 8 minutes on one
 # H200). The benchmark and each sanitizer stage are skipped, with a line saying so, when
 # their estimate would overrun what is left: memcheck ~ tests time x
-# GPU_CHECK_SANITIZER_SLOWDOWN (default 50, the slow end of memcheck's usual 10-50x),
+# GPU_CHECK_SANITIZER_SLOWDOWN (an integer, default 50, the slow end of memcheck's usual 10-50x),
 # racecheck ~ the larger of that and memcheck's measured time. A stage still running at the
 # budget is stopped and counts as a failure (incomplete).
 #
@@ -76,7 +76,7 @@ run_timed() {
   shift
   left=$(left_ms)
   t0=$(now_ms)
-  if ((left <= 0)); then
+  if ((left < 1000)); then  # (also: `timeout 0.0` would mean no limit at all)
     stage_rc=124
   else
     stage_rc=0
@@ -142,14 +142,14 @@ else
   for src in cc/core/gpu/engine_gpu.cu.cc cc/core/gpu/coalesce_gpu.cu.cc; do
     "$nvcc" "${nvcc_flags[@]}" -c "$src" -o "$build/$(basename "$src").o" & pids+=($!)
   done
-  for pid in "${pids[@]}"; do wait "$pid"; done
+  for pid in "${pids[@]}"; do wait "$pid" || fail "nvcc failed (see its output above)"; done
   host_flags=(-std=c++20 -O3 -fno-math-errno -fPIC -fvisibility=hidden -shared -Wall -Wextra
               -I "$root" -isystem "$pybind" -isystem "$pyinc")
   g++ "${host_flags[@]}" -isystem "$cuda_root/include" cc/pybind/core_cuda_module.cc \
     "$build"/*.cu.cc.o "$cuda_root/lib64/libcudart_static.a" -ldl -lrt -lpthread \
     -Wl,--exclude-libs,libcudart_static.a -o "$build/_core_cuda$ext" & pids=($!)
   g++ "${host_flags[@]}" cc/pybind/core_module.cc -o "$build/_core$ext" & pids+=($!)
-  for pid in "${pids[@]}"; do wait "$pid"; done
+  for pid in "${pids[@]}"; do wait "$pid" || fail "g++ failed (see its output above)"; done
   took=$(($(now_ms) - t0))
   say "built _core_cuda and _core in $(seconds "$took") s"
   record build "built (arch $arch)" "$took"
@@ -162,8 +162,8 @@ fi
 cupy_error=$(cd "$build" && "$py" -c "import cupy" 2>&1 >/dev/null) && cupy_ok=1 || cupy_ok=0
 probe=$(cd "$build" && "$py" -c "import _core_cuda as m; print(m.device_count()); print(m.cuda_init_error())" 2>"$build/probe.err") ||
   fail "cannot import _core_cuda from $build: $(tail -n 1 "$build/probe.err")"
-devices=${probe%%$'\n'*}
-init_error=${probe#*$'\n'}
+devices=$(sed -n 1p <<<"$probe")
+init_error=$(sed -n 2p <<<"$probe")  # "" when CUDA initialised
 if ((expect_gpu)); then
   if ((!cupy_ok)); then
     printf '%s\n' "$cupy_error" | sed 's/^/    /'
@@ -184,31 +184,38 @@ export FUSEDOPT_GPU_BUILD=$build PYTHONDONTWRITEBYTECODE=1
 results=${out:-$build}
 pytest_args=(-q -p no:cacheprovider -o addopts=)
 
-# Tests: they must collect and run (a suite that skips everything proves nothing).
+# Tests: they must collect and run (a suite that skips everything proves nothing). A failing
+# test fails the run, at the end.
 rm -f "$results/gpu_tests.xml"
 run_timed tests "$py" -m pytest "${pytest_args[@]}" -rs --junitxml "$results/gpu_tests.xml" "${test_paths[@]}"
 case $stage_rc in
-  0) ;;
+  0 | 1) ;;  # 1: some failed; counted below, and the other stages still run (GPU time is scarce)
   5) record tests "FAIL: no tests collected" "${took_ms[tests]}"
      fail "no tests collected from ${test_paths[*]}" ;;
   124 | 137) record tests "FAIL: stopped at the time budget" "${took_ms[tests]}"
      fail "tests stopped at the time budget (GPU_CHECK_BUDGET_S=$budget_s)" ;;
   *) record tests "FAIL: pytest exit $stage_rc" "${took_ms[tests]}"
-     fail "GPU tests failed (pytest exit $stage_rc)" ;;
+     fail "pytest could not run the GPU tests (exit $stage_rc)" ;;
 esac
-read -r total skipped < <("$py" -c "
+read -r total skipped broken < <("$py" -c "
 import sys, xml.etree.ElementTree as ET
-suites = ET.parse(sys.argv[1]).getroot().iter('testsuite')
-counts = [(int(s.get('tests', 0)), int(s.get('skipped', 0))) for s in suites]
-print(sum(c[0] for c in counts), sum(c[1] for c in counts))" "$results/gpu_tests.xml") ||
+suites = list(ET.parse(sys.argv[1]).getroot().iter('testsuite'))
+count = lambda key: sum(int(s.get(key, 0)) for s in suites)
+print(count('tests'), count('skipped'), count('failures') + count('errors'))" "$results/gpu_tests.xml") ||
   fail "cannot read the test counts from $results/gpu_tests.xml"
 ran=$((total - skipped))
 if ((ran == 0)); then
   record tests "FAIL: 0 of $total ran" "${took_ms[tests]}"
   fail "0 of $total GPU tests ran (all skipped: see the reasons above)"
 fi
-record tests "passed: $ran of $total ran, $skipped skipped" "${took_ms[tests]}"
-say "tests passed: $ran of $total ran, $skipped skipped"
+if ((stage_rc != 0)); then
+  record tests "FAIL: $broken of $ran failed ($skipped skipped)" "${took_ms[tests]}"
+  say "FAIL: $broken of $ran GPU tests failed ($skipped skipped); the other stages still run"
+  failed=1
+else
+  record tests "passed: $ran of $total ran, $skipped skipped" "${took_ms[tests]}"
+  say "tests passed: $ran of $total ran, $skipped skipped"
+fi
 
 # stage_fits STAGE ESTIMATE_MS: whether the stage's estimate fits in what is left; if not,
 # records it as skipped with a line saying so.
@@ -256,7 +263,7 @@ else
     [[ $tool == racecheck ]] && tool_args+=(--racecheck-detect-level error)
     say "compute-sanitizer $tool (estimate ~$(seconds "$estimate") s)"
     run_timed "$tool" compute-sanitizer "${tool_args[@]}" --error-exitcode 3 --target-processes all \
-      "$py" -m pytest "${pytest_args[@]}" -x "${test_paths[@]}"
+      "$py" -m pytest "${pytest_args[@]}" "${test_paths[@]}"
     case $stage_rc in
       0) result="clean" ;;
       3) result="FAIL: errors found (see above)" ;;
