@@ -32,6 +32,8 @@ FUSEDOPT_CUDA=1 FUSEDOPT_WERROR=1 "$py221" -m pip install -q --disable-pip-versi
 section "TF 2.21: tests"
 (cd tests && "$py221" -m fusedopt.info)
 FUSEDOPT_CUDA_PKG="$cuda_pkg" "$py221" -m pytest -q -p no:cacheprovider -m "not large" tests
+section "TF 2.21: tests/gpu on the CPU STAND-IN, not a GPU run (proves the test logic and the harness, not the kernels)"
+FUSEDOPT_GPU_STANDIN=1 "$py221" -m pytest -q -p no:cacheprovider tests/gpu
 section "TF 2.21: CPU op tests against the CUDA build (CPU-only TF: GPU kernels inert)"
 (cd tests && PYTHONPATH="$cuda_pkg" "$py221" -m fusedopt.info)
 PYTHONPATH="$cuda_pkg" "$py221" -m pytest -q -p no:cacheprovider tests/test_ops.py tests/test_errors.py

@@ -1,21 +1,31 @@
 """What the GPU test files in tests/gpu share: the modules under test, the skip marker,
-the rule table, host-state builders, device copies and the bit-for-bit comparison.
+the rule table, host-state builders, device copies, the bit-for-bit comparison, and
+StreamHold (keeps a stream busy, to see which stream a call used).
 
 The modules come from $FUSEDOPT_GPU_BUILD (what tools/gpu_check.sh builds) or the
-installed fusedopt package. A test file marks itself `pytestmark = requires_gpu`: every
-test in it is skipped ("no GPU: skipped") where _core_cuda, _core, CuPy or a CUDA device
-is missing.
+installed fusedopt package; with FUSEDOPT_GPU_STANDIN=1, _core_cuda and cupy are the CPU
+stand-ins of tests/gpu/standin (conftest.py). A test file marks itself
+`pytestmark = requires_gpu`: every test in it is skipped ("no GPU: skipped") where
+_core_cuda, _core, CuPy or a CUDA device is missing — except in the stand-in run, where a
+missing piece is an error (a stand-in run that skips everything would prove nothing).
 """
 import importlib
 import os
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
 
+STANDIN = os.environ.get("FUSEDOPT_GPU_STANDIN") == "1"
+STANDIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin")
+if STANDIN and STANDIN_DIR not in sys.path:  # conftest.py does this under pytest
+    sys.path.insert(0, STANDIN_DIR)
 BUILD = os.environ.get("FUSEDOPT_GPU_BUILD")
 if BUILD:
-    sys.path.insert(0, BUILD)
+    # Behind the stand-in directory when there is one, so the stand-in _core_cuda wins.
+    sys.path.insert(sys.path.index(STANDIN_DIR) + 1 if STANDIN else 0, BUILD)
 
 
 def _import(name):
@@ -42,6 +52,11 @@ _devices = core_cuda.device_count() if core_cuda is not None else 0
 MISSING = [what for what, ok in (("fusedopt._core_cuda", core_cuda is not None),
                                  ("fusedopt._core", core is not None), ("cupy", cp is not None),
                                  ("a CUDA device", _devices > 0)) if not ok]
+if STANDIN and MISSING:
+    raise ImportError("FUSEDOPT_GPU_STANDIN=1 but missing: " + ", ".join(MISSING))
+if STANDIN and not (getattr(cp, "IS_STANDIN", False)
+                    and os.path.dirname(core_cuda.__file__) == STANDIN_DIR):
+    raise ImportError("FUSEDOPT_GPU_STANDIN=1 but the real cupy or _core_cuda was imported")
 requires_gpu = pytest.mark.skipif(bool(MISSING), reason="no GPU: skipped (missing "
                                   + ", ".join(MISSING) + ")")
 
@@ -128,3 +143,84 @@ def check_same(rule, dtype, gpu, cpu):
     assert_bits_equal(gpu[0], cpu[0], f"{rule}/{dtype} var")
     for k, (g, c) in enumerate(zip(gpu[1], cpu[1])):
         assert_bits_equal(g, c, f"{rule}/{dtype} slot {k}")
+
+
+# A one-thread kernel that keeps its stream busy until the host sets *release (a flag in
+# pinned host memory: under unified addressing its host pointer is valid on the device, and
+# the host writes it directly, so releasing needs no kernel or copy and works even where a
+# tool serialises kernels), or until max_ns of %globaltimer (wall-clock ns) have passed.
+_HOLD_KERNEL = r"""
+extern "C" __global__ void hold_stream(unsigned long long release_address,
+                                       unsigned long long max_ns) {
+  const volatile unsigned int* release = (const volatile unsigned int*)release_address;
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    if (*release != 0u) return;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < max_ns);
+}
+"""
+
+
+_HOLD_FLAGS = []
+
+
+class StreamHold:
+    """Keeps `stream` busy from now until release() (or max_seconds), so that work enqueued
+    on it meanwhile cannot run yet: the way to see which stream a call really used.
+    GPU: the spinning kernel above. Stand-in: the stand-in stream's hold, same semantics.
+    A context manager; leaving it releases."""
+
+    def __init__(self, stream, max_seconds=5.0):
+        if STANDIN:
+            self._standin_hold = stream.standin_hold(max_seconds)
+            return
+        flag_memory = cp.cuda.alloc_pinned_memory(4)
+        # Never handed back to CuPy's pool: a later hold must not reuse (and zero) a flag that
+        # a kernel of an earlier hold may still be polling.
+        _HOLD_FLAGS.append(flag_memory)
+        self._flag = np.frombuffer(flag_memory, np.uint32, 1)
+        self._flag[0] = 0
+        kernel = cp.RawKernel(_HOLD_KERNEL, "hold_stream")
+        with stream:
+            kernel((1,), (1,), (np.uint64(flag_memory.ptr), np.uint64(max_seconds * 1e9)))
+
+    def release(self):
+        if STANDIN:
+            self._standin_hold.release()
+        else:
+            self._flag[0] = 1
+
+    def release_after(self, seconds):
+        """Releases from another thread after `seconds` (for calls that block on the stream)."""
+        timer = threading.Timer(seconds, self.release)
+        timer.start()
+        return timer
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+class IgnoresTheStream:
+    """A deliberately wrong backend for proving the stream tests can fail: forwards every
+    call to `backend` but drops `stream`, so the work goes to the legacy default stream."""
+
+    def __init__(self, backend):
+        self._backend = backend
+
+    def apply_dense(self, *args, stream=0, **kwargs):
+        return self._backend.apply_dense(*args, **kwargs)
+
+    def apply_sparse(self, *args, stream=0, **kwargs):
+        return self._backend.apply_sparse(*args, **kwargs)
+
+
+def elapsed(fn):
+    """(fn(), seconds it took)."""
+    start = time.monotonic()
+    result = fn()
+    return result, time.monotonic() - start

@@ -4,7 +4,9 @@ out-of-range indices (ValueError, nothing written), determinism, streams.
 
 Runs where a CUDA device, CuPy and both modules are importable: from
 $FUSEDOPT_GPU_BUILD (what tools/gpu_check.sh builds) or the installed fusedopt package.
-Everywhere else the whole module is skipped ("no GPU: skipped").
+Everywhere else the whole module is skipped ("no GPU: skipped"), except with
+FUSEDOPT_GPU_STANDIN=1 (CI), where it runs against CPU stand-ins for _core_cuda and CuPy
+(tests/gpu/standin): that proves the test logic and the harness, not the kernels.
 
 Float and double results must equal the CPU engine's bit for bit (device code is built with
 --fmad=false, IEEE sqrt/division, and sums duplicates in the CPU's order); 16-bit types
@@ -13,9 +15,9 @@ compute in float32 with the same rounding, so they are compared bit for bit too.
 import numpy as np
 import pytest
 
-from gpu_harness import (DTYPES, HYPER, RULE_OPTIONS, assert_bits_equal, check_same, core,
-                         core_cuda, cp, dtype_arg, make_state, requires_gpu, run_cpu, run_gpu,
-                         to_device, to_host)
+from gpu_harness import (DTYPES, HYPER, RULE_OPTIONS, IgnoresTheStream, StreamHold,
+                         assert_bits_equal, check_same, core, core_cuda, cp, dtype_arg, elapsed,
+                         make_state, requires_gpu, run_cpu, run_gpu, to_device, to_host)
 
 pytestmark = requires_gpu
 
@@ -149,15 +151,69 @@ def test_deterministic_run_to_run(dtype):
     check_same(rule, dtype, a, b)
 
 
-def test_runs_on_the_stream_given():
+STREAM_CALLS = ["dense", "sparse", "sparse_wait_false"]
+RELEASE_DELAY_S = 0.3
+
+
+def check_update_runs_on_the_stream_given(backend, call):
+    """Enqueues one update (`call`: dense; sparse, which waits for its index check; sparse
+    with wait=False) with `backend` on a non-blocking stream kept busy by a StreamHold.
+    While the stream is held, var read on the legacy default stream (which does not wait for
+    a non-blocking stream) must still be the old one and the call must not have waited —
+    or, for a waiting sparse call, must not return before the hold is released. Then that
+    stream alone is synchronized and var and slots must equal the CPU engine's. Raises
+    AssertionError ("... stream given ...") when the update did not run on the stream."""
     rule, dtype = "adagrad", "float32"
     rng = np.random.default_rng(9)
     indices = rng.integers(0, 100, 300).astype(np.int32)
-    var, slots, grad = make_state(rule, dtype, (100, 8), rng, grad_rows=300)
+    sparse = call != "dense"
+    var, slots, grad = make_state(rule, dtype, (100, 8), rng, grad_rows=300 if sparse else None)
+    want = run_cpu(rule, var, slots, grad, HYPER[rule], {}, indices if sparse else None)
+    dvar, dslots, dgrad, dindices = (to_device(var), [to_device(s) for s in slots],
+                                     to_device(grad), cp.asarray(indices))
+    cp.cuda.runtime.deviceSynchronize()  # the copies are done before the stream is held
     stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        gpu = run_gpu(rule, dtype, var, slots, grad, HYPER[rule], {}, indices, stream=stream.ptr)
-    check_same(rule, dtype, gpu, run_cpu(rule, var, slots, grad, HYPER[rule], {}, indices))
+    with StreamHold(stream) as hold:
+        if call == "sparse":
+            timer = hold.release_after(RELEASE_DELAY_S)
+            _, seconds = elapsed(lambda: backend.apply_sparse(
+                rule, dvar, dslots, dgrad, dindices, HYPER[rule], stream=stream.ptr))
+            timer.join()
+            assert seconds >= RELEASE_DELAY_S * 0.9, (
+                f"the waiting sparse call returned after {seconds:.3f} s, before the stream "
+                f"given was released ({RELEASE_DELAY_S} s): its check did not run on the stream "
+                "given")
+        else:
+            if call == "dense":
+                pending = backend.apply_dense(rule, dvar, dslots, dgrad, HYPER[rule],
+                                              stream=stream.ptr)
+            else:
+                pending = backend.apply_sparse(rule, dvar, dslots, dgrad, dindices, HYPER[rule],
+                                               stream=stream.ptr, wait=False)
+            seen = to_host(dvar, dtype)
+            assert not stream.done, "the hold ended before var was read: inconclusive"
+            assert_bits_equal(seen, var, "var read while the stream given was held: an update "
+                              "that did not wait for the stream given")
+            if call == "sparse_wait_false":
+                assert not pending.done(), "PendingCheck.done() while the stream given is held"
+            hold.release()
+        stream.synchronize()
+    check_same(rule, dtype, (to_host(dvar, dtype), [to_host(s, dtype) for s in dslots]), want)
+    if call == "sparse_wait_false":
+        assert pending.done() and pending.result() is None
+
+
+@pytest.mark.parametrize("call", STREAM_CALLS)
+def test_runs_on_the_stream_given(call):
+    check_update_runs_on_the_stream_given(core_cuda, call)
+
+
+@pytest.mark.parametrize("call", STREAM_CALLS)
+def test_the_stream_check_fails_for_a_backend_that_ignores_the_stream(call):
+    """The test above can fail: the same check against a backend that sends the work to the
+    legacy default stream instead."""
+    with pytest.raises(AssertionError, match="stream given"):
+        check_update_runs_on_the_stream_given(IgnoresTheStream(core_cuda), call)
 
 
 def test_raw_pointer_interface_dicts():
@@ -170,3 +226,41 @@ def test_raw_pointer_interface_dicts():
     cp.cuda.runtime.deviceSynchronize()
     check_same(rule, dtype, (to_host(d[0], dtype), [to_host(d[1], dtype)]),
                run_cpu(rule, var, slots, grad, HYPER[rule], {}))
+
+
+def test_array_interface_errors():
+    """What only the CUDA module checks (the arrays' interfaces), with its words."""
+    rule = "adagrad"
+    d = [to_device(np.ones(8, np.float32)) for _ in range(3)]
+    raw = [dict(data=(a.data.ptr, False), shape=a.shape, typestr=a.dtype.str, version=3)
+           for a in d]
+    host = np.ones(8, np.float32)  # pageable host memory: not a device pointer
+
+    def dense(var, slots, grad, **kw):
+        core_cuda.apply_dense(rule, var, slots, grad, HYPER[rule], **kw)
+
+    cases = [
+        (lambda: dense(np.ones(8, np.float32), [d[1]], d[2]),
+         "var must be a CUDA array (__cuda_array_interface__) or its dict"),
+        (lambda: dense(d[0], [d[1]], [1.0] * 8),
+         "grad must be a CUDA array (__cuda_array_interface__) or its dict"),
+        (lambda: dense(dict(raw[0], data=(d[0].data.ptr, True)), [raw[1]], raw[2]),
+         "var and slots must be writeable"),
+        (lambda: dense(dict(raw[0], shape=(4,), strides=(8,)), [dict(raw[1], shape=(4,))],
+                       dict(raw[2], shape=(4,))), "arrays must be C-contiguous"),
+        (lambda: dense(d[0], [d[1]], d[2], dtype="bfloat16"),
+         "dtype='bfloat16' needs 2-byte arrays, got typestr <f4"),
+        (lambda: dense(d[0].view(np.int32), [d[1].view(np.int32)], d[2].view(np.int32)),
+         "unsupported dtype typestr <i4 (float16, bfloat16, float32, float64)"),
+        (lambda: core_cuda.apply_sparse(rule, d[0], [d[1]], d[2], d[2], HYPER[rule]),
+         "indices must be int32 or int64, got typestr <f4"),
+        (lambda: dense(d[0], [d[1], d[2]], d[2]), "adagrad needs 1 slot arrays"),
+        (lambda: dense(dict(raw[0], data=(host.ctypes.data, False)), [raw[1]], raw[2]),
+         "var must be device (or managed) memory"),
+    ]
+    for call, message in cases:
+        with pytest.raises(ValueError) as error:
+            call()
+        assert str(error.value) == message
+    cp.cuda.runtime.deviceSynchronize()
+    assert_bits_equal(cp.asnumpy(d[0]), np.ones(8, np.float32), "var after rejected calls")

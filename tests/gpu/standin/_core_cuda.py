@@ -1,0 +1,229 @@
+"""A CPU stand-in for fusedopt._core_cuda (selected by FUSEDOPT_GPU_STANDIN=1, see
+tests/gpu/conftest.py), over the stand-in cupy beside it.
+
+Same functions, signatures and errors as the real module (cc/pybind/core_cuda_module.cc);
+each update is forwarded to the real CPU engine, fusedopt._core, on NumPy views of the
+stand-in's device memory, and runs in stream order (cupy/_device.py): at once on the legacy
+default stream, deferred behind anything already enqueued on another stream. One "device".
+
+What this proves: the GPU tests' logic, the harness, the API contract (errors, stream order,
+wait=False). What it cannot: anything about the CUDA kernels themselves.
+
+Known difference: the index-count limit is checked before the shape checks that the engine
+makes (the real module checks it after them); a call that breaks both gets the other error.
+"""
+import importlib
+import re
+
+import numpy as np
+
+import cupy
+
+if not getattr(cupy, "IS_STANDIN", False):  # the real CuPy came first on sys.path
+    raise ImportError("the _core_cuda stand-in needs the cupy stand-in (tests/gpu/standin)")
+from cupy import _device
+
+try:
+    _core = importlib.import_module("_core")
+except ImportError:
+    from fusedopt import _core
+
+try:
+    import ml_dtypes
+except ImportError:
+    ml_dtypes = None
+
+MAX_INDICES = 2147483646  # the real module's limit: CUB counts items in int, scan covers n + 1
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+# The engine's out-of-range message: with wait=False it is reported by PendingCheck.result().
+_INDEX_ERROR = re.compile(r"indices\[\d+\] = -?\d+ is not in \[0, \d+\)")
+
+
+def rules():
+    return _core.rules()
+
+
+def device_count():
+    return 1
+
+
+def cuda_init_error():
+    return ""
+
+
+class PendingCheck:
+    """The index check of a sparse update enqueued with wait=False."""
+
+    def __init__(self, queue=None, work=None):
+        self._queue = queue
+        self._work = work
+        self._error = None
+
+    def done(self):
+        """Whether the stream has reached the check (never blocks)."""
+        return self._work is None or self._work.finished
+
+    def result(self):
+        """Waits for the check; None, or the ValueError of the first out-of-range index
+        (nothing written)."""
+        if self._queue is not None:
+            self._queue.wait_for(self._work)
+        if self._error is not None:
+            raise ValueError(str(self._error))
+
+
+class _Interface:
+    """FromInterface: what the real module reads from __cuda_array_interface__."""
+
+    def __init__(self, obj, what):
+        if hasattr(obj, "__cuda_array_interface__"):
+            d = obj.__cuda_array_interface__
+        elif isinstance(obj, dict):
+            d = obj
+        else:
+            raise ValueError(f"{what} must be a CUDA array (__cuda_array_interface__) or its dict")
+        self.what = what
+        self.shape = tuple(int(n) for n in d["shape"])
+        self.size = int(np.prod(self.shape, dtype=np.int64))
+        self.typestr = str(d["typestr"])
+        self.ptr, self.readonly = int(d["data"][0]), bool(d["data"][1])
+        _require(d.get("mask") is None, f"{what} must not be masked")
+        strides = d.get("strides")
+        if strides is not None:
+            expected, contiguous = _item_size(self.typestr), len(strides) == len(self.shape)
+            for dim, stride in reversed(list(zip(self.shape, strides)) if contiguous else []):
+                if dim != 1 and stride != expected:
+                    contiguous = False
+                expected *= dim
+            _require(contiguous or self.size == 0, "arrays must be C-contiguous")
+
+    def blank(self, dtype_name):
+        """Zeros of this array's shape and dtype: for checking a call without its memory."""
+        return _as(np.zeros(self.shape, np.dtype(self.typestr)), dtype_name)
+
+    def memory(self, dtype_name=None):
+        """NumPy view of the device memory (bfloat16 bits viewed as bfloat16)."""
+        if self.size == 0:
+            return self.blank(dtype_name)
+        view = _device.host_view(self.ptr, self.shape, np.dtype(self.typestr))
+        if view is None:
+            raise RuntimeError(f"cudaErrorIllegalAddress (stand-in): {self.what} at "
+                               f"{self.ptr:#x} is not device memory")
+        return _as(view, dtype_name)
+
+
+def _as(array, dtype_name):
+    return array.view(ml_dtypes.bfloat16) if dtype_name == "bfloat16" else array
+
+
+def _require(ok, message):
+    if not ok:
+        raise ValueError(message)
+
+
+def _item_size(typestr):
+    return int(typestr[2:]) if len(typestr) >= 3 else 0
+
+
+def _dtype_name(a, dtype):
+    kind = a.typestr[1:]
+    if dtype == "bfloat16":
+        _require(kind in ("u2", "i2", "V2", "f2"),
+                 "dtype='bfloat16' needs 2-byte arrays, got typestr " + a.typestr)
+        return "bfloat16"
+    return {"f2": "float16", "f4": "float32", "f8": "float64"}.get(kind, "typestr " + a.typestr)
+
+
+def _dispatch(rule, dtype_name):
+    table = _core.rules()
+    _require(rule in table, "unknown rule " + str(rule))
+    _require(dtype_name in DTYPES,
+             f"unsupported dtype {dtype_name} (float16, bfloat16, float32, float64)")
+    return len(table[rule]["slots"])
+
+
+def _check_types(rule, slots, hyper, options, stream, dtype, wait=True):
+    """pybind11's argument conversion: the real module raises TypeError for these."""
+    if not (isinstance(rule, str) and isinstance(slots, list) and isinstance(hyper, dict)
+            and isinstance(options, dict) and isinstance(dtype, str)
+            and isinstance(stream, (int, np.integer)) and stream >= 0
+            and isinstance(wait, (bool, np.bool_))):
+        raise TypeError("incompatible function arguments (stand-in _core_cuda)")
+
+
+def _check_state(rule, var, slots, grad, dtype):
+    """CheckState up to the shape checks (the engine makes those): the arrays' interfaces."""
+    dtype_name = _dtype_name(_Interface(var, "var"), dtype)
+    num_slots = _dispatch(rule, dtype_name)
+    _require(len(slots) == num_slots, f"{rule} needs {num_slots} slot arrays")
+    v, g = _Interface(var, "var"), _Interface(grad, "grad")
+    s = [_Interface(x, "slot") for x in slots]
+    _require(not v.readonly, "var and slots must be writeable")
+    for x in s:
+        _require(not x.readonly, "var and slots must be writeable")
+        _require(x.typestr == v.typestr, "var, slots and grad must share one dtype")
+    _require(g.typestr == v.typestr, "var, slots and grad must share one dtype")
+    return v, s, g, dtype_name
+
+
+def _check_device_of(a):
+    """DeviceScope: the device is found from this array's pointer (var's, or the indices'
+    when var is empty)."""
+    if _device.find_allocation(a.ptr, 1) is None:
+        raise ValueError("var must be device (or managed) memory")
+
+
+def _is_index_error(e):
+    return bool(_INDEX_ERROR.fullmatch(str(e)))
+
+
+def apply_dense(rule, var, slots, grad, hyper, options={}, stream=0, dtype=""):  # noqa: B006
+    """Dense update of var and slots in place, enqueued on `stream`."""
+    _check_types(rule, slots, hyper, options, stream, dtype)
+    v, s, g, dtype_name = _check_state(rule, var, slots, grad, dtype)
+    # Shapes and hyper-parameters: the engine's own checks, on zeros of the same shapes.
+    _core.apply_dense(rule, v.blank(dtype_name), [x.blank(dtype_name) for x in s],
+                      g.blank(dtype_name), hyper, options)
+    if v.size == 0:
+        return
+    _check_device_of(v)
+    arrays = v.memory(dtype_name), [x.memory(dtype_name) for x in s], g.memory(dtype_name)
+    _device.launch(int(stream), lambda: _core.apply_dense(rule, *arrays, hyper, options))
+
+
+def apply_sparse(rule, var, slots, grad, indices, hyper, options={}, stream=0,  # noqa: B006
+                 dtype="", wait=True):
+    """Sparse update of the rows named by indices (duplicates summed first), in place;
+    out-of-range indices raise ValueError with nothing written (wait=False: from the returned
+    PendingCheck's result())."""
+    _check_types(rule, slots, hyper, options, stream, dtype, wait)
+    i = _Interface(indices, "indices")
+    _require(i.typestr[1:] in ("i4", "i8"), "indices must be int32 or int64, got typestr "
+             + i.typestr)
+    v, s, g, dtype_name = _check_state(rule, var, slots, grad, dtype)
+    if i.size > MAX_INDICES:
+        raise ValueError(f"sparse GPU updates take at most {MAX_INDICES} indices per call, "
+                         f"got {i.size}")
+    try:  # shapes and hyper-parameters, on zeros; the index check belongs to the run
+        _core.apply_sparse(rule, v.blank(dtype_name), [x.blank(dtype_name) for x in s],
+                           g.blank(dtype_name), i.blank(None), hyper, options)
+    except ValueError as e:
+        if not _is_index_error(e):  # zero indices fail only where var has no rows
+            raise
+    if i.size == 0:
+        return None if wait else PendingCheck()
+    _check_device_of(v if v.size > 0 else i)
+    arrays = (v.memory(dtype_name), [x.memory(dtype_name) for x in s], g.memory(dtype_name),
+              i.memory())
+    pending = PendingCheck(_device.queue_of(int(stream)))
+
+    def check_and_update():
+        try:
+            _core.apply_sparse(rule, *arrays, hyper, options)
+        except ValueError as e:
+            if not _is_index_error(e):
+                raise
+            pending._error = e  # nothing was written: the engine checks before it writes
+
+    pending._work = _device.launch(int(stream), check_and_update)
+    return pending.result() if wait else pending
