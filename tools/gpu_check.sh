@@ -37,7 +37,9 @@ out=${OUT:-}
 # This script is the real GPU check: never the CPU stand-in of tests/gpu/standin.
 unset FUSEDOPT_GPU_STANDIN
 budget_s=${GPU_CHECK_BUDGET_S:-480}
-slowdown=${GPU_CHECK_SANITIZER_SLOWDOWN:-50}
+# Sanitizer run time over the plain test run: measured on an H200 (2026-11-30) memcheck 2.8x,
+# racecheck 8x; 12x leaves room.
+slowdown=${GPU_CHECK_SANITIZER_SLOWDOWN:-12}
 read -ra test_paths <<<"${GPU_CHECK_TESTS:-tests/gpu}"
 say() { printf '[gpu_check %s] %s\n' "$(date +%T)" "$*"; }
 log() { if [[ -n $out ]]; then tee -a "$out/gpu_check.log"; else cat; fi; }
@@ -262,8 +264,12 @@ else
     tool_args=(--tool "$tool")
     [[ $tool == racecheck ]] && tool_args+=(--racecheck-detect-level error)
     say "compute-sanitizer $tool (estimate ~$(seconds "$estimate") s)"
+    # The tests of the stream test itself hold one stream with a spinning kernel and expect
+    # other streams to run meanwhile; the tools serialise kernels, so they are left out here
+    # (they test the harness, and ran above).
     run_timed "$tool" compute-sanitizer "${tool_args[@]}" --error-exitcode 3 --target-processes all \
-      "$py" -m pytest "${pytest_args[@]}" "${test_paths[@]}"
+      "$py" -m pytest "${pytest_args[@]}" -k "not fails_for_a_backend_that_ignores_the_stream" \
+      "${test_paths[@]}"
     case $stage_rc in
       0) result="clean" ;;
       3) result="FAIL: errors found (see above)" ;;
