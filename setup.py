@@ -7,6 +7,9 @@ Both compile the files listed in ``cc/sources.bzl``, the list Bazel uses too.
 Environment: ``FUSEDOPT_WERROR=1`` turns our own warnings into errors (CI);
 ``FUSEDOPT_JOBS`` caps parallel compiles (default: 2).
 
+``FUSEDOPT_XLA=0`` leaves out the XLA kernels (``XLA_SRCS``: the ops then fail inside
+``jit_compile``); by default they are built, linking ``libtensorflow_cc.so.2``.
+
 ``FUSEDOPT_CUDA=1`` adds the CUDA kernels: nvcc (``$FUSEDOPT_NVCC``, else ``nvcc`` on PATH)
 compiles ``GPU_SRCS`` for sm_80, sm_90 and compute_90 PTX, the op library registers GPU
 kernels too (inert without a GPU: the library still loads in tensorflow-cpu), cudart is
@@ -31,6 +34,7 @@ OPS_EXT = "fusedopt._fusedopt_ops"
 WARNINGS = ["-Wall", "-Wextra"] + (["-Werror"] if os.environ.get("FUSEDOPT_WERROR") == "1" else [])
 OPT = ["-O3", "-fno-math-errno"]
 CUDA = os.environ.get("FUSEDOPT_CUDA") == "1"
+XLA = os.environ.get("FUSEDOPT_XLA", "1") != "0"
 CUDA_EXT = "fusedopt._core_cuda"
 CUDA_ARCHS = ["sm_80", "sm_90", "compute_90"]
 # --fmad=false: no multiply-add contraction, so float/double equal the CPU engine bit for
@@ -88,6 +92,12 @@ def tensorflow_flags():
     compile_flags = [f.replace("-I", "-isystem", 1) if f.startswith("-I") else f
                      for f in tf.sysconfig.get_compile_flags()]
     return tf.__version__, compile_flags, list(tf.sysconfig.get_link_flags())
+
+
+def tensorflow_lib_dir():
+    import tensorflow as tf
+
+    return os.path.dirname(tf.__file__)
 
 
 def compiler_version(cxx):
@@ -172,9 +182,15 @@ class BuildFusedOpt(build_ext):
         if CUDA:
             gpu_objects = self.compile_gpu_objects(jobs)
             gpu_link = cudart_link_flags(nvcc_path())
+        sources = list(ext.sources)
+        xla_link = []
+        if XLA:
+            # The XLA kernels first: the slowest compile starts earliest.
+            sources = lists["XLA_SRCS"] + sources
+            xla_link = [os.path.join(tensorflow_lib_dir(), "libtensorflow_cc.so.2")]
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            objects = list(pool.map(compile_one, ext.sources))
-        run([cxx, "-shared", *objects, *gpu_objects, "-o", out, *gpu_link, *tf_link])
+            objects = list(pool.map(compile_one, sources))
+        run([cxx, "-shared", *objects, *gpu_objects, "-o", out, *gpu_link, *tf_link, *xla_link])
         self._build_info_path = write_build_info(
             os.path.dirname(out), tf_version, "setuptools", compiler_version(cxx),
             cuda=nvcc_version(nvcc_path()) if CUDA else None)
@@ -192,6 +208,7 @@ def write_build_info(package_dir, tf_version, build_system, compiler, cuda=None)
         "build_system": build_system,
         "compiler": compiler,
         "cuda": bool(cuda),
+        "xla": XLA,
     }
     if cuda:
         info["cuda_archs"] = CUDA_ARCHS
@@ -206,7 +223,8 @@ lists = sources()
 gpu_depends = lists["GPU_HDRS"] + lists["GPU_CUDA_HDRS"] + lists["GPU_SRCS"]
 extensions = [
     Extension(OPS_EXT, sources=lists["TF_SRCS"],
-              depends=lists["CORE_HDRS"] + lists["TF_HDRS"] + (gpu_depends if CUDA else [])),
+              depends=lists["CORE_HDRS"] + lists["TF_HDRS"] + lists["XLA_HDRS"]
+              + lists["XLA_SRCS"] + (gpu_depends if CUDA else [])),
     Pybind11Extension(
         "fusedopt._core",
         sources=lists["PYBIND_SRCS"],

@@ -44,6 +44,17 @@ TF_SRCS = [
     "cc/tf/adagrad.cc",
 ]
 
+# Layer 2, XLA: kernels for the resource ops inside jit_compile (HLO from the rules through
+# xla_value.h; on XLA:CPU a custom call into the CPU engine). One translation unit for all
+# rules: XLA's headers are slow to compile. Links libtensorflow_cc.so.2; needs Debian's
+# libhighwayhash-dev and libfarmhash-dev headers (tools/install_system_deps.sh).
+XLA_HDRS = [
+    "cc/tf/xla_value.h",
+]
+XLA_SRCS = [
+    "cc/tf/xla_kernels.cc",
+]
+
 # Layer 3: pybind11 module fusedopt._core over the same core.
 PYBIND_HDRS = [
     "cc/pybind/common.h",

@@ -9,6 +9,7 @@ cover, and Saver checkpoints exchanged with TF's optimizers both ways.
 """
 
 import os
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -601,9 +602,11 @@ class ApiTest(tf.test.TestCase, parameterized.TestCase):
         self.assertAllEqual(emb.numpy()[[0, 2, 4]], np.ones([3, 2]))
 
     @parameterized.parameters("lazy_adam", "adamax", "adagrad")
-    def test_tf_function_equals_eager(self, rule):
+    def test_tf_function_and_xla_equal_eager(self, rule):
+        """Eager, tf.function and tf.function(jit_compile=True): the fused ops run in all
+        three (under XLA through their XLA kernels), with the same numbers."""
         results = []
-        for wrap in (lambda f: f, tf.function):
+        for wrap in (lambda f: f, tf.function, lambda f: tf.function(f, jit_compile=True)):
             w = tf.Variable([1.0, -2.0])
             emb = tf.Variable(np.ones([4, 2], np.float32))
             opt = OURS[rule](**HYPER[rule])
@@ -617,11 +620,16 @@ class ApiTest(tf.test.TestCase, parameterized.TestCase):
             step = wrap(train)
             for _ in range(3):
                 step()
-            results.append([w.numpy(), emb.numpy()] + [v.numpy() for v in opt.variables()])
-        self.assertEqual(len(results[0]), len(results[1]))
-        for a, b in zip(*results):
-            self.assertAllEqual(a, b)
-        self.assertAllEqual(results[1][1][[1, 3]], np.ones([2, 2]))
+            # In natural name order: variables() sorts by name, and the names' counters grow
+            # across the loop (Adam_8 .. Adam_11 would sort as 10, 11, 8, 9).
+            slots = sorted(opt.variables(), key=lambda v: [int(t) if t.isdigit() else t
+                                                           for t in re.split(r"(\d+)", v.name)])
+            results.append([w.numpy(), emb.numpy()] + [v.numpy() for v in slots])
+        for other in results[1:]:
+            self.assertEqual(len(results[0]), len(other))
+            for a, b in zip(results[0], other):
+                self.assertAllEqual(a, b)
+            self.assertAllEqual(other[1][[1, 3]], np.ones([2, 2]))
 
     def test_use_locking_reaches_the_ops(self):
         with tf.Graph().as_default() as g:

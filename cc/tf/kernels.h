@@ -101,8 +101,8 @@ class FusedApply {
   // Validates, then updates (CPU) or enqueues the update (GPU). Errors go to ctx. GPU
   // sparse calls need `check` (page-locked host memory): the device's index-check verdict
   // lands there once the stream has run the call, and *num_rows is set for its message.
-  void Run(::tensorflow::OpKernelContext* ctx, gpu::IndexCheck* check = nullptr,
-           int64_t* num_rows_out = nullptr) {
+  void Run(::tensorflow::OpKernelContext* ctx, [[maybe_unused]] gpu::IndexCheck* check = nullptr,
+           [[maybe_unused]] int64_t* num_rows_out = nullptr) {
 #ifdef FUSEDOPT_CUDA
     // Before anything can copy a variable on the GPU (copy-on-write needs the stream).
     if constexpr (kGpu) {

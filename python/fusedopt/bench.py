@@ -8,7 +8,8 @@ result is compared with fusedopt's op of the same semantics (lazy contenders wit
 sparse op, dense-update contenders with the dense op on the densified gradient), so
 the benchmark compares like with like. ``--quick`` shrinks every size (CI smoke run).
 
-Scenarios: sparse embedding step (LazyAdam, Adagrad, Adamax), dense step, scaling
+Scenarios: sparse embedding step (LazyAdam, Adagrad, Adamax), the sparse step under XLA
+(jit_compile) at two table sizes, dense step, scaling
 with touched rows and with table rows, achieved memory bandwidth, many small variables.
 Outputs: ``<out>/results.json``, ``<out>/benchmarks.png`` and the markdown report
 (``--markdown``, e.g. BENCHMARKS.md).
@@ -60,11 +61,11 @@ def summarize(times, baseline):
     return rows
 
 
-def quiet_function(tf, fn):
+def quiet_function(tf, fn, jit_compile=False):
     """tf.function of fn, discarding its result (graph-mode update ops return Operations)."""
     def body(*args):
         fn(*args)
-    return tf.function(body)
+    return tf.function(body, jit_compile=jit_compile)
 
 
 def max_rel_error(a, b):
@@ -95,8 +96,9 @@ class Problem:
         self.check_steps = check_steps
 
 
-def tf_contenders_sparse(tf, problem, rule):
-    """{name: (make() -> (step, read_var), semantics)} for one rule's sparse scenario."""
+def tf_contenders_sparse(tf, problem, rule, xla=False):
+    """{name: (make() -> (step, read_var), semantics)} for one rule's sparse scenario; with
+    `xla`, the contenders of the "sparse under XLA" scenario (LazyAdam)."""
     from fusedopt import ops, reference
 
     shape = (problem.rows, problem.dim)
@@ -131,11 +133,20 @@ def tf_contenders_sparse(tf, problem, rule):
     sparse_op = getattr(ops, f"resource_sparse_apply_{rule}")
     dense_op = getattr(ops, f"resource_apply_{rule}")
 
-    def fused_raw(batches):
+    def fused_raw(batches, jit_compile=False):
         var, slots = variables(n_slots, slot_init)
         f = quiet_function(tf, lambda i, g, t: sparse_op(var, *slots, **hyper(t), grad=g, indices=i,
-                                                  **options))
+                                                  **options), jit_compile)
         return cycling(lambda i, g, t: f(i, g, tf.constant(float(t))), batches), var
+
+    def fused_raw_hlo(batches):  # the XLA lowering XLA:GPU runs, here on the CPU
+        step, var = fused_raw(batches, jit_compile=True)
+        os.environ["FUSEDOPT_XLA_LOWERING"] = "hlo"  # read when the step compiles
+        try:
+            step()
+        finally:
+            del os.environ["FUSEDOPT_XLA_LOWERING"]
+        return step, var
 
     def fused_dense_semantics(batches):  # oracle for contenders that update every row
         var, slots = variables(n_slots, slot_init)
@@ -150,18 +161,30 @@ def tf_contenders_sparse(tf, problem, rule):
                                                                **hyper(t), **options))
         return cycling(lambda i, g, t: f(i, g, tf.constant(float(t))), batches), var
 
-    def keras_optimizer(make_opt):
+    def keras_optimizer(make_opt, jit_compile=False):
         def make(batches):
             var = tf.Variable(problem.init)
             opt = make_opt()
 
-            @tf.function
+            @tf.function(jit_compile=jit_compile)
             def f(i, g):
                 opt.apply_gradients([(tf.IndexedSlices(g, i, tf.constant(shape, tf.int64)), var)])
             return cycling(lambda i, g, t: f(i, g), batches), var
         return make
 
     k = tf.keras.optimizers
+    if xla:
+        contenders = {}
+        fk = _fusedopt_keras()
+        if fk is not None:
+            contenders["fusedopt.keras.LazyAdam, XLA"] = (keras_optimizer(
+                lambda: fk.LazyAdam(LR, BETA1, BETA2, EPS), True), "lazy")
+        contenders["fusedopt (raw op), XLA"] = (lambda b: fused_raw(b, True), "lazy")
+        contenders["fusedopt (raw op), XLA, HLO lowering"] = (fused_raw_hlo, "lazy")
+        contenders["fusedopt (raw op), no XLA"] = (fused_raw, "lazy")
+        contenders["tf.keras Adam, XLA"] = (keras_optimizer(
+            lambda: k.Adam(LR, BETA1, BETA2, EPS), True), "dense")
+        return contenders, {"lazy": fused_raw, "dense": fused_dense_semantics}
     contenders = {"fusedopt (raw op)": (fused_raw, "lazy"),
                   "composed gather/scatter": (composed_gather_scatter, "lazy")}
     if rule == "lazy_adam":
@@ -322,6 +345,21 @@ def scenario_sparse(tf, cfg, progress):
         gc.collect()
         unique = len(np.unique(problem.batches[0][0]))
         out[rule]["_meta"] = {"unique_ids_per_step": unique}
+    return out
+
+
+def scenario_sparse_xla(tf, cfg, progress):
+    """The sparse LazyAdam step compiled by XLA (what Keras 3 does by default on GPU
+    machines), at two table sizes with the same batches: the step must cost the same."""
+    out = {}
+    for rows in cfg["xla_tables"]:
+        problem = Problem(rows, cfg["dim"], cfg["ids"], cfg["check_steps"])
+        progress(f"sparse under XLA: {rows:,} x {cfg['dim']} table, {cfg['ids']:,} ids/step")
+        contenders, oracles = tf_contenders_sparse(tf, problem, "lazy_adam", xla=True)
+        out[str(rows)] = check_and_time(contenders, oracles, cfg["check_steps"], cfg["steps"],
+                                        cfg["repeats"], progress, problem)
+        del contenders, oracles, problem
+        gc.collect()
     return out
 
 
@@ -608,7 +646,7 @@ def scenario_many_small(tf, cfg, progress):
 
 # ---------------------------------------------------------------------------- reporting
 
-SCENARIOS = ("sparse", "dense", "scaling", "bandwidth", "many_small")
+SCENARIOS = ("sparse", "sparse_xla", "dense", "scaling", "bandwidth", "many_small")
 
 
 def aims(results):
@@ -631,6 +669,17 @@ def aims(results):
             add("sparse LazyAdam vs torch SparseAdam", lazy["torch SparseAdam"]["x_fusedopt"], 1)
         add("sparse Adagrad vs TF fused (+dedup)",
             sp["adagrad"]["TF ResourceSparseApplyAdagradV2 (+dedup)"]["x_fusedopt"], 1)
+    if "sparse_xla" in results:
+        tables = results["sparse_xla"]
+        small, large = tables[min(tables, key=int)], tables[max(tables, key=int)]
+        ours = "fusedopt.keras.LazyAdam, XLA"
+        if ours in large:
+            add(f"XLA step at {int(max(tables, key=int)):,} rows / at {int(min(tables, key=int)):,}",
+                large[ours]["median_ms"] / small[ours]["median_ms"], 1.5, at_most=True)
+            add("sparse under XLA: Keras 3 Adam (XLA) vs fusedopt.keras.LazyAdam (XLA)",
+                large["tf.keras Adam, XLA"]["x_fusedopt"], 10)
+            add("sparse under XLA: fusedopt.keras (XLA) / fusedopt op without XLA",
+                1 / large["fusedopt (raw op), no XLA"]["x_fusedopt"], 2, at_most=True)
     if "dense" in results:
         for rule in ("lazy_adam", "adamax", "adagrad"):
             dense = results["dense"][rule]
@@ -660,12 +709,16 @@ def markdown(results, command):
              f"(load average at start: {load}); "
              f"TF {env['tensorflow']}; tf.keras = Keras {env['keras']}; torch {env['torch']}; threads pinned to {THREADS} "
              "(TF intra-op, torch, fusedopt._core); inter-op 1.", ""]
-    for title, key in [("Sparse embedding step", "sparse"), ("Dense step", "dense")]:
+    for title, key in [("Sparse embedding step", "sparse"),
+                       ("Sparse step under XLA (jit_compile), LazyAdam, by table rows", "sparse_xla"),
+                       ("Dense step", "dense")]:
         if key not in results:
             continue
         dense = key == "dense"
         lines.append(f"### {title}")
         for rule, rows in results[key].items():
+            if key == "sparse_xla":
+                rule = f"{int(rule):,} rows"
             meta = rows.get("_meta", {})
             lines += ["", f"**{rule}** {json.dumps(meta) if meta else ''}", "",
                       "| contender | median ms | min..max ms | x fusedopt | checked vs | max rel err |"
@@ -755,12 +808,13 @@ def configs(quick):
         return dict(rows=2000, dim=8, ids=300, check_steps=3, steps=3, repeats=2,
                     dense_params=4096, dense_steps=3, bandwidth_params=1 << 16, touched=[16, 64], tables=[1000, 4000],
                     scaling_table=4000, scaling_ids=64, scaling_steps=3,
-                    small_vars=20, small_size=64, small_steps=2)
+                    small_vars=20, small_size=64, small_steps=2, xla_tables=[500, 2000])
     return dict(rows=1_000_000, dim=64, ids=16_384, check_steps=3, steps=20, repeats=5,
                 dense_params=16 * 2**20, dense_steps=10, bandwidth_params=1 << 27,
                 touched=[1024, 4096, 16384, 65536, 262144], tables=[100_000, 1_000_000, 10_000_000],
                 scaling_table=1_000_000, scaling_ids=16_384, scaling_steps=20,
-                small_vars=500, small_size=4096, small_steps=10)
+                small_vars=500, small_size=4096, small_steps=10,
+                xla_tables=[10_000, 1_000_000])
 
 
 def main(argv=None):
@@ -816,6 +870,7 @@ def main(argv=None):
             json.dump(results, f, indent=1, default=str)
 
     for key, run in [("sparse", lambda: scenario_sparse(tf, cfg, progress)),
+                     ("sparse_xla", lambda: scenario_sparse_xla(tf, cfg, progress)),
                      ("dense", lambda: scenario_dense(tf, cfg, progress)),
                      ("scaling", lambda: scenario_scaling(tf, cfg, progress, args.quick)),
                      ("bandwidth", lambda: scenario_bandwidth(tf, cfg, progress)),

@@ -207,3 +207,21 @@ def resource_sparse_apply_adagrad(var, accum, lr, epsilon, grad, indices, use_lo
                   indices, use_locking,
                   {"update_slots": update_slots, "epsilon_inside_sqrt": epsilon_inside_sqrt},
                   name)
+
+
+def xla_cpu_lowering():
+    """How the resource ops run inside XLA-compiled steps on the CPU: "custom_call" (the CPU
+    engine itself, called from XLA; TF >= 2.16, whose XLA has the typed FFI) or "hlo" (the
+    rule built as XLA operations; also what XLA:GPU runs, and FUSEDOPT_XLA_LOWERING=hlo)."""
+    import os
+
+    if os.environ.get("FUSEDOPT_XLA_LOWERING") == "hlo":
+        return "hlo"
+    header = os.path.join(tf.sysconfig.get_include(), "xla", "ffi", "api", "ffi.h")
+    return "custom_call" if os.path.exists(header) else "hlo"
+
+
+# Loaded at import, not on first use: XLA lists its JIT kernels at the process's first XLA
+# compilation, and ops registered before that take the normal path (a library loaded later
+# registers its XLA kernels itself).
+load_library()

@@ -2,33 +2,19 @@
 
 ``apply(rule, variable, slots, grad, hyper, options)`` updates ``variable`` and its
 ``slots`` in place with fusedopt's op for ``rule`` (dense gradient, or ``tf.IndexedSlices``
--> the sparse op, touched rows only). Where the custom kernels cannot run — inside an
-XLA-compiled function (``jit_compile=True``) or when ``composed=True`` (DTensor sharded
-layouts) — it runs the same rule in composed TF ops (``fusedopt.reference``'s math).
+-> the sparse op, touched rows only), also inside XLA-compiled steps (the ops have XLA
+kernels). Only ``composed=True`` (DTensor sharded layouts, where custom ops cannot run)
+takes the same rule in composed TF ops (``fusedopt.reference``'s math).
 """
 
 import tensorflow as tf
-from tensorflow.python.ops import control_flow_util
 
+from fusedopt import ops  # loads the op library now: before the step's XLA compilation
 from fusedopt import reference
-
-_OPS = {}
 
 
 def _op(rule, sparse):
-    key = (rule, sparse)
-    if key not in _OPS:
-        from fusedopt import ops  # loads the op library on first use only
-
-        _OPS[key] = getattr(ops, "resource_%sapply_%s" % ("sparse_" if sparse else "", rule))
-    return _OPS[key]
-
-
-def in_xla_context():
-    """True while tracing a function that XLA compiles (``tf.function(jit_compile=True)``)."""
-    if tf.executing_eagerly():
-        return False
-    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+    return getattr(ops, "resource_%sapply_%s" % ("sparse_" if sparse else "", rule))
 
 
 def unwrap(variable):
@@ -77,7 +63,6 @@ def apply(rule, variable, slots, grad, hyper, options=None, composed=False,
     variable = unwrap(variable)
     slots = [unwrap(s) for s in slots]
     dtype = variable.dtype.base_dtype
-    composed = composed or in_xla_context()
     if isinstance(grad, tf.IndexedSlices):
         values = tf.cast(grad.values, dtype)
         if composed:
