@@ -141,12 +141,14 @@ def tf_contenders_sparse(tf, problem, rule, xla=False):
 
     def fused_raw_hlo(batches):  # the XLA lowering XLA:GPU runs, here on the CPU
         step, var = fused_raw(batches, jit_compile=True)
-        os.environ["FUSEDOPT_XLA_LOWERING"] = "hlo"  # read when the step compiles
-        try:
-            step()
-        finally:
-            del os.environ["FUSEDOPT_XLA_LOWERING"]
-        return step, var
+
+        def hlo_step():  # the lowering is chosen when the step compiles, at its first call
+            os.environ["FUSEDOPT_XLA_LOWERING"] = "hlo"
+            try:
+                step()
+            finally:
+                del os.environ["FUSEDOPT_XLA_LOWERING"]
+        return hlo_step, var
 
     def fused_dense_semantics(batches):  # oracle for contenders that update every row
         var, slots = variables(n_slots, slot_init)

@@ -6,8 +6,8 @@ on TF 2.15 (or tf_keras's with ``TF_USE_LEGACY_KERAS=1``) — and keep their con
 variables (slot names and layout), configuration and every base-class feature
 (clipping, weight decay, EMA, loss scaling, gradient accumulation, schedules). Only
 ``update_step`` changes: it runs fusedopt's fused op (``tf.IndexedSlices`` gradients go
-to the sparse op and update the touched rows only: lazy updates), or, inside an
-XLA-compiled step, the same rule in composed TF ops (``fusedopt.reference``).
+to the sparse op and update the touched rows only: lazy updates), in XLA-compiled steps
+too (``fit(jit_compile=True)``: the ops have XLA kernels).
 
     model.compile(optimizer=fusedopt.keras.LazyAdam(1e-3), ...)   # was keras.optimizers.Adam
 
