@@ -17,6 +17,11 @@ cc_library(
 )
 
 cc_library(
+    name = "libtensorflow_cc",
+    srcs = ["libtensorflow_cc.so.2"],
+)
+
+cc_library(
     name = "python_headers",
     hdrs = glob(["python_include/**/*.h"]),
     includes = ["python_include"],

@@ -44,6 +44,8 @@ def _tf_configure_impl(rctx):
 
     rctx.symlink(info["include"], "tf_include")
     rctx.symlink(info["lib"] + "/libtensorflow_framework.so.2", "libtensorflow_framework.so.2")
+    # The XLA kernels (cc/tf/xla_kernels.cc) use XlaOpKernel & co., exported by libtensorflow_cc.
+    rctx.symlink(info["lib"] + "/libtensorflow_cc.so.2", "libtensorflow_cc.so.2")
     rctx.symlink(info["pybind11"], "pybind11_include")
     rctx.symlink(info["python_include"], "python_include")
 
@@ -58,6 +60,7 @@ def _tf_configure_impl(rctx):
         "tensorflow_version": info["version"],
         "build_system": "bazel",
         "cuda": False,
+        "xla": True,
         "compiler": compiler,
     }) + "\n")
 
