@@ -278,3 +278,57 @@ def test_same_ref_variable_twice_is_an_error(sparse, use_locking):
                 sess.run(op)
             _assert_unchanged(case.state(), sess.run(vs))
 
+
+# --- partly known shapes: our words at graph construction (issue 16) -----------------------
+
+PARTIAL_CASES = [  # (rule, sparse, var shape, {input: placeholder shape}, message)
+    ("adagrad", False, (3, 2), {"grad": [None, 3]},
+     "grad must have the same shape as var: [3,2] vs [?,3]"),
+    ("adagrad", False, (3, 2), {"lr": [None]}, "lr must be a scalar, got shape [?]"),
+    ("lazy_adam", True, (5, 2), {"beta2_power": [None, 1]},
+     "beta2_power must be a scalar, got shape [?,1]"),
+    ("adamax", True, (5, 2), {"indices": [None, None], "grad": [None, 2]},
+     "indices must be 1-D, got shape [?,?]"),
+    ("adamax", True, (5, 2), {"grad": [None, 4]},
+     "grad must have shape [N] + var.shape[1:] = [3,2], got [?,4]"),
+    ("adagrad", True, (5, 2), {"grad": [None]},
+     "grad must have shape [N] + var.shape[1:] = [3,2], got [?]"),
+    ("lazy_adam", True, (5, 2), {"grad": [4, None]},
+     "grad and indices must have the same first dimension: 4 vs 3"),
+    ("adagrad", True, (), {"grad": [None]}, "var must be at least 1-D, got shape []"),
+    ("adagrad", False, (3, 2), {"accum": [None, 3]},
+     "accum must have the same shape as var: [3,2] vs [?,3]"),
+]
+
+
+@pytest.mark.parametrize("resource", [False, True], ids=["ref", "resource"])
+@pytest.mark.parametrize("rule,sparse,var_shape,partial,message", PARTIAL_CASES,
+                         ids=[c[-1].split(" ")[0] + "-" + str(i)
+                              for i, c in enumerate(PARTIAL_CASES)])
+def test_partly_known_shapes_rejected_with_the_kernel_message(rule, sparse, var_shape, partial,
+                                                              message, resource):
+    case = Case("partial", rule, sparse, "", var_shape=var_shape,
+                grad_shape=(1,) if var_shape == () else None)
+    names = ["var"] + RULES[rule]["slots"]
+    if not resource and any(n in partial for n in names):
+        pytest.skip("a ref variable's shape is fully known or unknown, never partial")
+    with tf.Graph().as_default():
+        vs = []
+        for name, x in zip(names, case.state()):
+            if name in partial:  # a resource variable of partly known shape
+                value = np.ones([d or 3 for d in partial[name]], x.dtype)
+                vs.append(tf.compat.v1.Variable(value, shape=tf.TensorShape(partial[name]),
+                                                use_resource=True))
+            else:
+                vs.append(tf.compat.v1.Variable(x, use_resource=resource))
+
+        def feed(name, x):
+            if name in partial:
+                return tf.compat.v1.placeholder(tf.as_dtype(x.dtype), partial[name])
+            return tf.constant(x)
+
+        hyper = {k: feed(k, v) for k, v in case.hyper.items()}
+        grad = feed("grad", case.grad)
+        indices = None if case.indices is None else feed("indices", case.indices)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            wrapper(rule, sparse, resource)(*case.args(vs[0], vs[1:], hyper, grad, indices))
