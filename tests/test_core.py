@@ -1,6 +1,8 @@
 """fusedopt._core (the TF-free kernels over NumPy arrays) against the NumPy reference,
 thread-count invariance, error handling, and bit-equality with the TF ops."""
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -346,3 +348,66 @@ def test_bit_identical_to_tf_op(rule, options, dtype, kind):
             _core.apply_dense(rule, var, slots, grad, hyper, options, num_threads=2)
         for name, v, a in zip(["var"] + RULES[rule]["slots"], vs, [var] + slots):
             assert v.numpy().tobytes() == a.tobytes(), "%s differs at step %d" % (name, t)
+
+
+# --- thread counts (issue 16) ------------------------------------------------------------------
+
+HYPER = {"lr": 0.1, "epsilon": 1e-7}
+
+
+@pytest.mark.parametrize("threads", [3000, 2**31 - 1])
+def test_huge_thread_counts_are_capped(threads):
+    # Up to 256 threads start; the result is the one-thread result, bit for bit.
+    n = 1 << 20
+    rng = np.random.default_rng(7)
+    var0, slots0 = harness.make_state("adagrad", (n,), "float", rng)
+    grad = harness.make_grad((n,), "float", rng)
+    results = []
+    for t in (1, threads):
+        var, slots = var0.copy(), _copy(slots0)
+        _core.apply_dense("adagrad", var, slots, grad, HYPER, num_threads=t)
+        results.append(_snapshot([var] + slots))
+    assert results[0] == results[1]
+
+
+# Threads that cannot start (no address space for their stacks) used to std::terminate the
+# process; now: RuntimeError, nothing written, and the next call works. In a subprocess,
+# under an address-space limit a little above what it already uses.
+_THREAD_FAILURE_SCRIPT = r"""
+import resource
+import numpy as np
+from fusedopt import _core
+
+hyper = {"lr": 0.1, "epsilon": 1e-7}
+for kind, n in (("dense", 1 << 22), ("sparse", 1 << 17)):
+    var, accum = np.full(n, 2.0, np.float32), np.ones(n, np.float32)
+    grad = np.full(n, 0.5, np.float32)
+    idx = np.arange(n, dtype=np.int64)
+    with open("/proc/self/status") as f:
+        vm = next(int(l.split()[1]) for l in f if l.startswith("VmSize")) * 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (32 << 20), hard))  # room for ~4 stacks
+    try:
+        if kind == "dense":
+            _core.apply_dense("adagrad", var, [accum], grad, hyper, num_threads=3000)
+        else:
+            _core.apply_sparse("adagrad", var, [accum], grad, idx, hyper, num_threads=3000)
+    except RuntimeError as e:
+        print(kind, "RuntimeError:", e)
+    else:
+        print(kind, "no error")
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    print(kind, "unchanged:", bool((var == 2).all() and (accum == 1).all()))
+    _core.apply_dense("adagrad", var, [accum], grad, hyper, num_threads=2)
+    print(kind, "next call works:", bool((accum == 1.25).all()))
+"""
+
+
+def test_thread_start_failure_raises_and_writes_nothing():
+    proc = harness.run_python_in_subprocess(_THREAD_FAILURE_SCRIPT)
+    assert proc.returncode == 0, "%s:\n%s" % (harness.describe_exit(proc), proc.stdout[-3000:])
+    for kind in ("dense", "sparse"):
+        assert re.search(kind + r" RuntimeError: could not start thread \d+ of \d+ \(.*\); "
+                         r"nothing was run", proc.stdout), proc.stdout
+        assert "%s unchanged: True" % kind in proc.stdout
+        assert "%s next call works: True" % kind in proc.stdout
