@@ -13,6 +13,7 @@ kernels too (inert without a GPU: the library still loads in tensorflow-cpu), cu
 linked statically (no libcudart.so dependency), and ``fusedopt._core_cuda`` (the CUDA
 engine on device arrays) is built as well.
 """
+import hashlib
 import json
 import os
 import re
@@ -116,6 +117,15 @@ class BuildFusedOpt(build_ext):
             return os.path.join(*fullname.split(".")) + ".so"
         return super().get_ext_filename(fullname)
 
+    def build_extensions(self):
+        super().build_extensions()
+        # After every library is linked: the info records each one's size and sha256.
+        if getattr(self, "_build_info", None):
+            libraries = [self.get_ext_fullpath(ext.name) for ext in self.extensions]
+            self._build_info_path = write_build_info(
+                os.path.dirname(self.get_ext_fullpath(OPS_EXT)),
+                [p for p in libraries if os.path.isfile(p)], **self._build_info)
+
     def copy_extensions_to_source(self):
         # Editable installs copy the built libraries into python/fusedopt; the build
         # info must travel with the op library it describes.
@@ -175,9 +185,9 @@ class BuildFusedOpt(build_ext):
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             objects = list(pool.map(compile_one, ext.sources))
         run([cxx, "-shared", *objects, *gpu_objects, "-o", out, *gpu_link, *tf_link])
-        self._build_info_path = write_build_info(
-            os.path.dirname(out), tf_version, "setuptools", compiler_version(cxx),
-            cuda=nvcc_version(nvcc_path()) if CUDA else None)
+        self._build_info = dict(tf_version=tf_version, build_system="setuptools",
+                                compiler=compiler_version(cxx),
+                                cuda=nvcc_version(nvcc_path()) if CUDA else None)
 
 
 def run(cmd):
@@ -185,7 +195,17 @@ def run(cmd):
     subprocess.run(cmd, check=True)
 
 
-def write_build_info(package_dir, tf_version, build_system, compiler, cuda=None):
+def library_record(path):
+    """Size and sha256 of a built library: the loader refuses a file that differs (a
+    truncated copy would otherwise crash the process with SIGBUS when loaded)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return {"size": os.path.getsize(path), "sha256": digest.hexdigest()}
+
+
+def write_build_info(package_dir, libraries, tf_version, build_system, compiler, cuda=None):
     info = {
         "fusedopt_version": project_version(),
         "tensorflow_version": tf_version,
@@ -196,6 +216,7 @@ def write_build_info(package_dir, tf_version, build_system, compiler, cuda=None)
     if cuda:
         info["cuda_archs"] = CUDA_ARCHS
         info["nvcc"] = cuda
+    info["libraries"] = {os.path.basename(p): library_record(p) for p in libraries}
     path = os.path.join(package_dir, "_build_info.json")
     with open(path, "w") as f:
         json.dump(info, f, indent=1)
