@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import fusedopt
+import harness
 from fusedopt import _core, _loader, ops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -247,9 +248,7 @@ def _run_in(package_dir, args):
 
 
 def _describe(proc):
-    how = ("killed by signal %d" % -proc.returncode if proc.returncode < 0
-           else "exit status %d" % proc.returncode)
-    return "%s\n%s%s" % (how, proc.stdout[-2000:], proc.stderr[-2000:])
+    return "%s\n%s%s" % (harness.describe_exit(proc), proc.stdout[-2000:], proc.stderr[-2000:])
 
 
 def test_damaged_op_library_is_an_import_error(tmp_path):

@@ -368,15 +368,14 @@ def test_var_and_slots_must_be_ndarrays_not_sequences(where, container):
         var = container(var.tolist())
     else:
         slots = [container(slots[0].tolist())]
-    before = [list(var) if where == "var" else var.copy(), list(slots[0]) if where == "slot"
-              else slots[0].copy()]
+    before = [list(var), list(slots[0])]
     name = "var" if where == "var" else "accum"
     with pytest.raises(TypeError, match=r"%s must be a numpy\.ndarray .*got %s"
                        % (name, container.__name__)):
         _core.apply_dense("adagrad", var, slots, grad, HYPER)
     with pytest.raises(TypeError, match=name + r" must be a numpy\.ndarray"):
         _core.apply_sparse("adagrad", var, slots, grad[:2], np.array([0, 2]), HYPER)
-    assert list(var) == list(before[0]) and list(slots[0]) == list(before[1])
+    assert [list(var), list(slots[0])] == before
 
 
 def test_slots_may_be_a_list_or_tuple_of_arrays_but_nothing_else():
@@ -465,21 +464,26 @@ def test_thread_count_below_one_rejected(threads):
 
 # Threads that cannot start (no address space for their stacks) used to std::terminate the
 # process; now: RuntimeError, nothing written, and the next call works. In a subprocess,
-# under an address-space limit a little above what it already uses.
+# under an address-space limit with room for about three thread stacks (24 threads for the
+# sparse call, 256 for the dense one).
 _THREAD_FAILURE_SCRIPT = r"""
 import resource
 import numpy as np
 from fusedopt import _core
 
 hyper = {"lr": 0.1, "epsilon": 1e-7}
+soft_stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
+stack = soft_stack if soft_stack != resource.RLIM_INFINITY else 8 << 20
 for kind, n in (("dense", 1 << 22), ("sparse", 1 << 17)):
     var, accum = np.full(n, 2.0, np.float32), np.ones(n, np.float32)
     grad = np.full(n, 0.5, np.float32)
     idx = np.arange(n, dtype=np.int64)
+    # The engine keeps its grouping buffers per thread: allocate them before the limit.
+    _core.apply_sparse("adagrad", var.copy(), [accum.copy()], grad, idx, hyper)
     with open("/proc/self/status") as f:
         vm = next(int(l.split()[1]) for l in f if l.startswith("VmSize")) * 1024
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    resource.setrlimit(resource.RLIMIT_AS, (vm + (32 << 20), hard))  # room for ~4 stacks
+    resource.setrlimit(resource.RLIMIT_AS, (vm + 3 * stack + (4 << 20), hard))
     try:
         if kind == "dense":
             _core.apply_dense("adagrad", var, [accum], grad, hyper, num_threads=3000)
