@@ -1,5 +1,6 @@
 """The build's own promises: one source list, versions that agree, the info command,
-the 16-bit conversions, the version-mismatch ImportError and the demo."""
+the 16-bit conversions, the version-mismatch ImportError, damaged libraries refused before
+dlopen (ImportError, never SIGBUS) and the demo."""
 import glob
 import json
 import math
