@@ -119,12 +119,10 @@ class BuildFusedOpt(build_ext):
 
     def build_extensions(self):
         super().build_extensions()
-        # After every library is linked: the info records each one's size and sha256.
-        if getattr(self, "_build_info", None):
-            libraries = [self.get_ext_fullpath(ext.name) for ext in self.extensions]
-            self._build_info_path = write_build_info(
-                os.path.dirname(self.get_ext_fullpath(OPS_EXT)),
-                [p for p in libraries if os.path.isfile(p)], **self._build_info)
+        # After every library is linked: record each one's size and sha256.
+        info = getattr(self, "_build_info_path", None)
+        if info and os.path.exists(info):
+            record_libraries(info, [self.get_ext_fullpath(ext.name) for ext in self.extensions])
 
     def copy_extensions_to_source(self):
         # Editable installs copy the built libraries into python/fusedopt; the build
@@ -185,9 +183,9 @@ class BuildFusedOpt(build_ext):
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             objects = list(pool.map(compile_one, ext.sources))
         run([cxx, "-shared", *objects, *gpu_objects, "-o", out, *gpu_link, *tf_link])
-        self._build_info = dict(tf_version=tf_version, build_system="setuptools",
-                                compiler=compiler_version(cxx),
-                                cuda=nvcc_version(nvcc_path()) if CUDA else None)
+        self._build_info_path = write_build_info(
+            os.path.dirname(out), tf_version, "setuptools", compiler_version(cxx),
+            cuda=nvcc_version(nvcc_path()) if CUDA else None)
 
 
 def run(cmd):
@@ -205,7 +203,17 @@ def library_record(path):
     return {"size": os.path.getsize(path), "sha256": digest.hexdigest()}
 
 
-def write_build_info(package_dir, libraries, tf_version, build_system, compiler, cuda=None):
+def record_libraries(info_path, libraries):
+    """Adds "libraries" (file name -> size, sha256) to the build info at info_path."""
+    with open(info_path) as f:
+        info = json.load(f)
+    info["libraries"] = {os.path.basename(p): library_record(p)
+                         for p in libraries if os.path.isfile(p)}
+    with open(info_path, "w") as f:
+        json.dump(info, f, indent=1)
+
+
+def write_build_info(package_dir, tf_version, build_system, compiler, cuda=None):
     info = {
         "fusedopt_version": project_version(),
         "tensorflow_version": tf_version,
@@ -216,7 +224,6 @@ def write_build_info(package_dir, libraries, tf_version, build_system, compiler,
     if cuda:
         info["cuda_archs"] = CUDA_ARCHS
         info["nvcc"] = cuda
-    info["libraries"] = {os.path.basename(p): library_record(p) for p in libraries}
     path = os.path.join(package_dir, "_build_info.json")
     with open(path, "w") as f:
         json.dump(info, f, indent=1)

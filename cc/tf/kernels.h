@@ -95,7 +95,17 @@ class FusedApplyOp : public ::tensorflow::OpKernel {
   }
 
   void Compute(::tensorflow::OpKernelContext* ctx) override {
-    OP_REQUIRES_OK(ctx, CheckStateInputs(ctx));
+    // Resource lookups fail inside TF's locking helper with an InternalError; check
+    // first so a missing/uninitialized variable reads as FailedPrecondition.
+    for (int i = 0; i <= kSlots; ++i) {
+      if (ctx->input_dtype(i) != ::tensorflow::DT_RESOURCE) continue;
+      ::tensorflow::core::RefCountPtr<::tensorflow::Var> variable;
+      const absl::Status found = ::tensorflow::LookupResource(
+          ctx, ::tensorflow::HandleFromInput(ctx, i), &variable);
+      OP_REQUIRES(ctx, found.ok() && variable->tensor()->IsInitialized(),
+                  UninitializedError(ctx, i, found));
+    }
+    OP_REQUIRES_OK(ctx, CheckStateInputs(ctx));  // dtypes, aliasing: before TF's helpers
     std::vector<int> state_inputs(1 + kSlots);
     std::iota(state_inputs.begin(), state_inputs.end(), 0);
     auto locks = LockVariables(ctx, state_inputs);
@@ -181,12 +191,11 @@ class FusedApplyOp : public ::tensorflow::OpKernel {
   }
 
  private:
-  // Runs before any TF helper touches a variable. Resource lookups fail inside TF's
-  // locking helper with an InternalError, so a missing/uninitialized variable is
-  // reported here (FailedPrecondition). TF's copy-on-write/read helpers copy with the
-  // op's T and CHECK-fail (abort the process) on a variable of another dtype, so every
-  // variable's dtype is checked here, from the variable itself. And a variable passed
-  // twice would be copied apart by copy-on-write or updated as var and slot at once.
+  // Runs before any TF helper touches a variable. TF's copy-on-write/read helpers copy
+  // with the op's T and CHECK-fail (abort the process) on a variable of another dtype, so
+  // every variable's dtype is checked here, from the variable itself. And a variable
+  // passed twice would be copied apart by copy-on-write or updated as var and slot at once.
+  // (A variable deleted or uninitialized since the lookups above reads as uninitialized.)
   absl::Status CheckStateInputs(::tensorflow::OpKernelContext* ctx) {
     const ::tensorflow::DataType want = ::tensorflow::DataTypeToEnum<T>::value;
     std::array<::tensorflow::core::RefCountPtr<::tensorflow::Var>, 1 + kSlots> held;
