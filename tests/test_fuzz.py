@@ -15,6 +15,10 @@ hyper-parameters that are sometimes NaN/Inf/0/1/negative.  The op must then eith
 Gradients are small dyadic rationals (k * 2**-s, |k| <= 64) so that summing duplicate
 rows is exact in every compute type and the float64 reference sees the same sums.
 
+``test_hostile_callers`` draws calls no honest caller makes (wrong dtypes, shared or
+copy-on-read variables, aliasing, lists, bad hyper-parameter types, huge thread counts;
+see its section) and runs them in a child process, so that an abort fails the test.
+
 Profiles (registered here): "ci" (default; bounded, derandomized) and "long"
 (thousands of examples): ``HYPOTHESIS_PROFILE=long pytest tests/test_fuzz.py``.
 ``FUSEDOPT_FUZZ_EXAMPLES=N`` overrides the example count of either profile.
