@@ -16,6 +16,7 @@ kernels too (inert without a GPU: the library still loads in tensorflow-cpu), cu
 linked statically (no libcudart.so dependency), and ``fusedopt._core_cuda`` (the CUDA
 engine on device arrays) is built as well.
 """
+import hashlib
 import json
 import os
 import re
@@ -126,6 +127,13 @@ class BuildFusedOpt(build_ext):
             return os.path.join(*fullname.split(".")) + ".so"
         return super().get_ext_filename(fullname)
 
+    def build_extensions(self):
+        super().build_extensions()
+        # After every library is linked: record each one's size and sha256.
+        info = getattr(self, "_build_info_path", None)
+        if info and os.path.exists(info):
+            record_libraries(info, [self.get_ext_fullpath(ext.name) for ext in self.extensions])
+
     def copy_extensions_to_source(self):
         # Editable installs copy the built libraries into python/fusedopt; the build
         # info must travel with the op library it describes.
@@ -199,6 +207,26 @@ class BuildFusedOpt(build_ext):
 def run(cmd):
     print(" ".join(shlex.quote(c) for c in cmd), flush=True)
     subprocess.run(cmd, check=True)
+
+
+def library_record(path):
+    """Size and sha256 of a built library: the loader refuses a file that differs (a
+    truncated copy would otherwise crash the process with SIGBUS when loaded)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return {"size": os.path.getsize(path), "sha256": digest.hexdigest()}
+
+
+def record_libraries(info_path, libraries):
+    """Adds "libraries" (file name -> size, sha256) to the build info at info_path."""
+    with open(info_path) as f:
+        info = json.load(f)
+    info["libraries"] = {os.path.basename(p): library_record(p)
+                         for p in libraries if os.path.isfile(p)}
+    with open(info_path, "w") as f:
+        json.dump(info, f, indent=1)
 
 
 def write_build_info(package_dir, tf_version, build_system, compiler, cuda=None):

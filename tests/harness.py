@@ -259,3 +259,27 @@ def run_test_file_in_subprocess(path, env):
     tail = proc.stdout[-6000:]
     assert proc.returncode == 0, tail
     assert " passed" in tail and "skipped" not in tail and "failed" not in tail, tail
+
+
+def run_python_in_subprocess(code, env_extra=None, timeout=300):
+    """Runs `code` in a fresh interpreter that imports this fusedopt and these test helpers,
+    for scenarios that could kill the process (an abort or a signal must fail one test, not
+    end the run). Returns the CompletedProcess, stdout and stderr merged into .stdout."""
+    import fusedopt
+
+    paths = [os.path.dirname(os.path.dirname(os.path.abspath(fusedopt.__file__))),
+             os.path.dirname(os.path.abspath(__file__))]
+    env = dict(os.environ, **(env_extra or {}))
+    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in [env.get("PYTHONPATH")] if p])
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+
+
+def describe_exit(proc):
+    """'exit status N' or 'killed by SIGXXX', for assertion messages."""
+    if proc.returncode < 0:
+        import signal
+
+        return "killed by %s" % signal.Signals(-proc.returncode).name
+    return "exit status %d" % proc.returncode

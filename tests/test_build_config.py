@@ -1,10 +1,12 @@
 """The build's own promises: one source list, versions that agree, the info command,
-the 16-bit conversions, the version-mismatch ImportError and the demo."""
+the 16-bit conversions, the version-mismatch ImportError, damaged libraries refused before
+dlopen (ImportError, never SIGBUS) and the demo."""
 import glob
 import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -13,6 +15,7 @@ import numpy as np
 import pytest
 
 import fusedopt
+import harness
 from fusedopt import _core, _loader, ops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -191,3 +194,117 @@ def test_demo_estimator_variant_trains_on_two_towers():
     for name, numbers in rows.items():
         first, final, _ = map(float, numbers.split())
         assert abs(first - math.log(2)) < 0.01 and final < first - 0.005, (name, first, final)
+
+
+# --- damaged libraries: ImportError, never a crash (issue 16) -------------------------------
+
+def test_build_info_records_every_library():
+    # Size and sha256 of each native library, as built, for the loader's check.
+    package = os.path.dirname(_loader.library_path())
+    libraries = _loader.build_info().get("libraries")
+    assert isinstance(libraries, dict), _loader.build_info()
+    core = os.path.basename(_core.__file__)
+    assert {"_fusedopt_ops.so", core} <= set(libraries)
+    for name, record in libraries.items():
+        assert record == _loader.library_record(os.path.join(package, name)), name
+
+
+def _damage(path, kind):
+    size = os.path.getsize(path)
+    if kind == "truncated":  # an interrupted copy: mapped anyway, SIGBUS on first touch
+        os.truncate(path, size // 2)
+    elif kind == "empty":
+        os.truncate(path, 0)
+    elif kind == "garbage":
+        with open(path, "wb") as f:
+            f.write(np.random.default_rng(0).bytes(4096))
+    elif kind == "directory":
+        os.remove(path)
+        os.mkdir(path)
+    elif kind == "one_byte_changed":  # structurally fine: only the recorded hash can tell
+        with open(path, "r+b") as f:
+            f.seek(size // 3)
+            byte = f.read(1)
+            f.seek(size // 3)
+            f.write(bytes([byte[0] ^ 0xFF]))
+
+
+DAMAGE = {"truncated": "is truncated", "empty": "is empty", "garbage": "is not a shared library",
+          "directory": "is not a regular file", "one_byte_changed": "sha256 mismatch"}
+
+
+def _package_copy(tmp_path):
+    """A copy of the installed fusedopt package (Python files, libraries, build info)."""
+    source = os.path.dirname(os.path.abspath(fusedopt.__file__))
+    target = tmp_path / "pkg" / "fusedopt"
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    return target
+
+
+def _run_in(package_dir, args):
+    env = dict(os.environ, PYTHONPATH=str(package_dir.parent), TF_CPP_MIN_LOG_LEVEL="3")
+    env.pop("FUSEDOPT_OPS_LIBRARY", None)
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env,
+                          cwd=str(package_dir.parent.parent), timeout=300)
+
+
+def _describe(proc):
+    return "%s\n%s%s" % (harness.describe_exit(proc), proc.stdout[-2000:], proc.stderr[-2000:])
+
+
+def test_damaged_op_library_is_an_import_error(tmp_path):
+    # One subprocess tries every kind of damage in turn (the loader re-reads the path each
+    # time); the old behaviour for a truncated file was SIGBUS, killing it.
+    package = _package_copy(tmp_path)
+    damaged = {}
+    for kind in DAMAGE:
+        path = tmp_path / kind / "_fusedopt_ops.so"
+        path.parent.mkdir()
+        shutil.copy(package / "_fusedopt_ops.so", path)
+        shutil.copy(package / "_build_info.json", path.parent / "_build_info.json")
+        _damage(str(path), kind)
+        damaged[kind] = str(path)
+    code = ("import json, os, sys\n"
+            "from fusedopt import _loader\n"
+            "for kind, path in json.loads(sys.argv[1]).items():\n"
+            "    print('START', kind, flush=True)\n"
+            "    os.environ['FUSEDOPT_OPS_LIBRARY'] = path\n"
+            "    try:\n"
+            "        _loader.load_library()\n"
+            "    except ImportError as e:\n"
+            "        print('IMPORTERROR', kind, ' '.join(str(e).split()), flush=True)\n"
+            "    else:\n"
+            "        print('LOADED', kind, flush=True)\n")
+    proc = _run_in(package, ["-c", code, json.dumps(damaged)])
+    assert proc.returncode == 0, _describe(proc)
+    lines = dict(line.split(" ", 2)[1:] for line in proc.stdout.splitlines()
+                 if line.startswith("IMPORTERROR"))
+    for kind, problem in DAMAGE.items():
+        assert kind in lines, _describe(proc)
+        assert damaged[kind] in lines[kind] and problem in lines[kind], lines[kind]
+        assert _loader.REBUILD_COMMAND in lines[kind], lines[kind]
+
+
+@pytest.mark.parametrize("kind", sorted(DAMAGE))
+def test_damaged_core_module_is_an_import_error(tmp_path, kind):
+    package = _package_copy(tmp_path)
+    core = package / os.path.basename(_core.__file__)
+    _damage(str(core), kind)
+    proc = _run_in(package, ["-c", "import fusedopt._core"])
+    assert proc.returncode == 1, _describe(proc)
+    assert "ImportError" in proc.stderr and str(core) in proc.stderr, _describe(proc)
+    assert DAMAGE[kind] in proc.stderr and _loader.REBUILD_COMMAND in proc.stderr
+
+
+@pytest.mark.parametrize("library", ["op library", "_core"])
+def test_info_command_reports_a_damaged_library(tmp_path, library):
+    package = _package_copy(tmp_path)
+    name = "_fusedopt_ops.so" if library == "op library" else os.path.basename(_core.__file__)
+    _damage(str(package / name), "truncated")
+    proc = _run_in(package, ["-m", "fusedopt.info"])
+    assert proc.returncode == 1, _describe(proc)
+    key = "op_library" if library == "op library" else "core_module"
+    line = re.search(r"^%s\s+(.*)$" % key, proc.stdout, re.M)
+    assert line and line.group(1).startswith("NOT LOADABLE:"), _describe(proc)
+    assert str(package / name) in line.group(1) and "is truncated" in line.group(1)
+    assert "Traceback" not in proc.stderr, _describe(proc)

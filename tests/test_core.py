@@ -1,6 +1,8 @@
 """fusedopt._core (the TF-free kernels over NumPy arrays) against the NumPy reference,
 thread-count invariance, error handling, and bit-equality with the TF ops."""
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -253,14 +255,14 @@ def test_sparse_property(rows, inner, indices, rule, threads, seed):
 
 # --- errors ---------------------------------------------------------------------------------
 
-# The hyper-parameters of _core are a dict of numbers, so "not a scalar" has no analogue.
-CORE_CASES = [c for c in ec.CASES if not ec.problem(c).startswith("hyper_")]
+# Hyper-parameters go in as the cases' NumPy arrays (0-d, or [2] for "not a scalar").
+CORE_CASES = ec.CASES
 
 
 @pytest.mark.parametrize("case", CORE_CASES, ids=[c.id for c in CORE_CASES])
 def test_errors_raise_value_error_and_change_nothing(case):
     var, slots = case.var.copy(), _copy(case.slots)
-    hyper = {k: float(v) for k, v in case.hyper.items()}
+    hyper = dict(case.hyper)
     before = _snapshot([var] + slots)
     with pytest.raises(ValueError, match=case.message):
         if case.sparse:
@@ -346,3 +348,194 @@ def test_bit_identical_to_tf_op(rule, options, dtype, kind):
             _core.apply_dense(rule, var, slots, grad, hyper, options, num_threads=2)
         for name, v, a in zip(["var"] + RULES[rule]["slots"], vs, [var] + slots):
             assert v.numpy().tobytes() == a.tobytes(), "%s differs at step %d" % (name, t)
+
+
+# --- hostile callers (issue 16) --------------------------------------------------------------
+
+def _adagrad_args(n=3, dtype=np.float64):
+    return np.full(n, 2.0, dtype), [np.ones(n, dtype)], np.full(n, 0.5, dtype)
+
+
+HYPER = {"lr": 0.1, "epsilon": 1e-7}
+
+
+@pytest.mark.parametrize("where", ["var", "slot"])
+@pytest.mark.parametrize("container", [list, tuple])
+def test_var_and_slots_must_be_ndarrays_not_sequences(where, container):
+    # pybind11 would convert a list into a temporary array, update that and drop it.
+    var, slots, grad = _adagrad_args()
+    if where == "var":
+        var = container(var.tolist())
+    else:
+        slots = [container(slots[0].tolist())]
+    before = [list(var), list(slots[0])]
+    name = "var" if where == "var" else "accum"
+    with pytest.raises(TypeError, match=r"%s must be a numpy\.ndarray .*got %s"
+                       % (name, container.__name__)):
+        _core.apply_dense("adagrad", var, slots, grad, HYPER)
+    with pytest.raises(TypeError, match=name + r" must be a numpy\.ndarray"):
+        _core.apply_sparse("adagrad", var, slots, grad[:2], np.array([0, 2]), HYPER)
+    assert [list(var), list(slots[0])] == before
+
+
+def test_slots_may_be_a_list_or_tuple_of_arrays_but_nothing_else():
+    var, slots, grad = _adagrad_args()
+    _core.apply_dense("adagrad", var, tuple(slots), grad, HYPER)
+    assert (slots[0] == 1.25).all() and (var < 2).all()
+    with pytest.raises(TypeError, match="slots must be a list of numpy.ndarrays, got dict"):
+        _core.apply_dense("adagrad", var, {"accum": slots[0]}, grad, HYPER)
+
+
+def _overlaps():
+    """(name, rule, var, slots, grad, indices or None, message): buffers sharing memory."""
+    buf = np.zeros(12)
+    a, b, c = buf[0:4], buf[3:7], buf[8:12]  # a and b share one element
+    raw = np.zeros(8, np.float32)
+    ints = np.zeros(4, np.int64)
+    return [
+        ("var_is_slot", "adagrad", a, [a], np.ones(4), None, "var and accum overlap"),
+        ("slot_overlaps_var", "adagrad", a, [b], np.ones(4), None, "var and accum overlap"),
+        ("two_slots_same", "lazy_adam", c, [a, a], np.ones(4), None, "m and v overlap"),
+        ("shifted_views", "adagrad", raw[:4], [raw[2:6]], np.ones(4, np.float32), None,
+         "var and accum overlap"),
+        ("grad_is_var", "adagrad", a, [c], a, None, "grad overlaps var"),
+        ("grad_overlaps_slot", "adagrad", c, [a], b, None, "grad overlaps accum"),
+        ("sparse_grad_overlaps_slot", "adagrad", np.zeros((4, 1)), [buf[:4].reshape(4, 1)],
+         buf[3:5].reshape(2, 1), np.array([0, 1]), "grad overlaps accum"),
+        ("indices_are_var_bytes", "adagrad", ints.view(np.float64), [np.zeros(4)], np.ones(2),
+         ints[:2], "indices overlaps var"),
+    ]
+
+
+@pytest.mark.parametrize("name,rule,var,slots,grad,indices,message", _overlaps(),
+                         ids=[o[0] for o in _overlaps()])
+def test_overlapping_buffers_rejected_and_nothing_written(name, rule, var, slots, grad, indices,
+                                                          message):
+    hyper = harness.hyper_for(rule, "double" if var.dtype == np.float64 else "float", 1)
+    arrays = [var] + slots + [grad] + ([indices] if indices is not None else [])
+    before = _snapshot(arrays)
+    with pytest.raises(ValueError, match=message):
+        if indices is None:
+            _core.apply_dense(rule, var, slots, grad, hyper, num_threads=2)
+        else:
+            _core.apply_sparse(rule, var, slots, grad, indices, hyper, num_threads=2)
+    assert _snapshot(arrays) == before
+
+
+def test_adjacent_views_of_one_buffer_are_fine():
+    buf = np.zeros(12)
+    var, accum, grad = buf[0:4], buf[4:8], buf[8:12]
+    var[:], accum[:], grad[:] = 2.0, 1.0, 0.5
+    _core.apply_dense("adagrad", var, [accum], grad, HYPER)
+    assert (accum == 1.25).all() and (grad == 0.5).all() and (var < 2).all()
+
+
+def test_misaligned_arrays_rejected():
+    raw = bytearray(8 * 10)
+    var = np.frombuffer(raw, np.float64, count=3, offset=1)  # writeable, C-contiguous, unaligned
+    assert not var.flags.aligned and var.flags.writeable
+    with pytest.raises(ValueError, match="var is not aligned to its 8-byte elements"):
+        _core.apply_dense("adagrad", var, [np.ones(3)], np.ones(3), HYPER)
+    assert bytes(raw) == bytes(80)
+
+
+@pytest.mark.parametrize("threads", [3000, 2**31 - 1])
+def test_huge_thread_counts_are_capped(threads):
+    # Up to 256 threads start; the result is the one-thread result, bit for bit.
+    n = 1 << 20
+    rng = np.random.default_rng(7)
+    var0, slots0 = harness.make_state("adagrad", (n,), "float", rng)
+    grad = harness.make_grad((n,), "float", rng)
+    results = []
+    for t in (1, threads):
+        var, slots = var0.copy(), _copy(slots0)
+        _core.apply_dense("adagrad", var, slots, grad, HYPER, num_threads=t)
+        results.append(_snapshot([var] + slots))
+    assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("threads", [0, -5])
+def test_thread_count_below_one_rejected(threads):
+    var, slots, grad = _adagrad_args()
+    with pytest.raises(ValueError, match="num_threads must be at least 1, got %d" % threads):
+        _core.apply_dense("adagrad", var, slots, grad, HYPER, num_threads=threads)
+    assert (var == 2).all()
+
+
+# Threads that cannot start (no address space for their stacks) used to std::terminate the
+# process; now: RuntimeError, nothing written, and the next call works. In a subprocess,
+# under an address-space limit with room for about three thread stacks (24 threads for the
+# sparse call, 256 for the dense one).
+_THREAD_FAILURE_SCRIPT = r"""
+import resource
+import numpy as np
+from fusedopt import _core
+
+hyper = {"lr": 0.1, "epsilon": 1e-7}
+soft_stack = resource.getrlimit(resource.RLIMIT_STACK)[0]
+stack = soft_stack if soft_stack != resource.RLIM_INFINITY else 8 << 20
+for kind, n in (("dense", 1 << 22), ("sparse", 1 << 17)):
+    var, accum = np.full(n, 2.0, np.float32), np.ones(n, np.float32)
+    grad = np.full(n, 0.5, np.float32)
+    idx = np.arange(n, dtype=np.int64)
+    # The engine keeps its grouping buffers per thread: allocate them before the limit.
+    _core.apply_sparse("adagrad", var.copy(), [accum.copy()], grad, idx, hyper)
+    with open("/proc/self/status") as f:
+        vm = next(int(l.split()[1]) for l in f if l.startswith("VmSize")) * 1024
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (vm + 3 * stack + (4 << 20), hard))
+    try:
+        if kind == "dense":
+            _core.apply_dense("adagrad", var, [accum], grad, hyper, num_threads=3000)
+        else:
+            _core.apply_sparse("adagrad", var, [accum], grad, idx, hyper, num_threads=3000)
+    except RuntimeError as e:
+        print(kind, "RuntimeError:", e)
+    else:
+        print(kind, "no error")
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    print(kind, "unchanged:", bool((var == 2).all() and (accum == 1).all()))
+    _core.apply_dense("adagrad", var, [accum], grad, hyper, num_threads=2)
+    print(kind, "next call works:", bool((accum == 1.25).all()))
+"""
+
+
+def test_thread_start_failure_raises_and_writes_nothing():
+    proc = harness.run_python_in_subprocess(_THREAD_FAILURE_SCRIPT)
+    assert proc.returncode == 0, "%s:\n%s" % (harness.describe_exit(proc), proc.stdout[-3000:])
+    for kind in ("dense", "sparse"):
+        assert re.search(kind + r" RuntimeError: could not start thread \d+ of \d+ \(.*\); "
+                         r"nothing was run", proc.stdout), proc.stdout
+        assert "%s unchanged: True" % kind in proc.stdout
+        assert "%s next call works: True" % kind in proc.stdout
+
+
+@pytest.mark.parametrize("value,message", [
+    ("0.1", r"hyper-parameter lr must be a real number \(float\), got str"),
+    (None, r"hyper-parameter lr must be a real number \(float\), got NoneType"),
+    ([0.1], r"hyper-parameter lr must be a real number \(float\), got list"),
+    (1j, r"hyper-parameter lr must be a real number \(float\), got complex"),
+])
+def test_hyper_parameter_of_wrong_type_named(value, message):
+    var, slots, grad = _adagrad_args()
+    with pytest.raises(TypeError, match=message):
+        _core.apply_dense("adagrad", var, slots, grad, {"lr": value, "epsilon": 1e-7})
+    assert (var == 2).all() and (slots[0] == 1).all()
+
+
+@pytest.mark.parametrize("value", [np.float32(0.1), np.array(0.1), 1, True, np.int64(1)])
+def test_hyper_parameter_numbers_accepted(value):
+    var, slots, grad = _adagrad_args()
+    _core.apply_dense("adagrad", var, slots, grad, {"lr": value, "epsilon": 1e-7})
+    assert (var < 2).all()
+
+
+@pytest.mark.parametrize("value", [1, "yes", None, 1.0])
+def test_option_of_wrong_type_named(value):
+    var, slots, grad = _adagrad_args()
+    with pytest.raises(TypeError, match="option update_slots must be a bool, got %s"
+                       % type(value).__name__):
+        _core.apply_dense("adagrad", var, slots, grad, HYPER, {"update_slots": value})
+    assert (var == 2).all() and (slots[0] == 1).all()
+    _core.apply_dense("adagrad", var, slots, grad, HYPER, {"update_slots": np.bool_(False)})
+    assert (slots[0] == 1).all() and (var < 2).all()

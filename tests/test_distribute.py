@@ -351,3 +351,68 @@ def test_server_command_line_rejects_bad_flags():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "fusedopt.server: no cluster" in proc.stderr
+
+
+_CLUSTER = {"ps": ["127.0.0.1:2222"], "worker": ["127.0.0.1:2223", "127.0.0.1:2224"]}
+
+# Each bad configuration of issue 16: exit status 2 and one line, no traceback.
+BAD_CONFIGS = [  # (id, TF_CONFIG, extra argv, message)
+    ("tf_config_list", [1, 2], [], "TF_CONFIG must be a JSON object, got list"),
+    ("task_string", {"cluster": _CLUSTER, "task": "ps"}, [],
+     'TF_CONFIG["task"] must be an object'),
+    ("job_string", {"cluster": {"ps": "127.0.0.1:2222"}, "task": {"type": "ps", "index": 0}},
+     [], "job 'ps' must be a list of \"host:port\""),
+    ("host_without_port", {"cluster": {"ps": ["127.0.0.1"]}, "task": {"type": "ps", "index": 0}},
+     [], "must be \"host:port\" with a port in 1..65535, got '127.0.0.1'"),
+    ("port_above_65535", {"cluster": {"ps": ["127.0.0.1:70000"]},
+                          "task": {"type": "ps", "index": 0}},
+     [], "got '127.0.0.1:70000'"),
+    ("port_zero", {"cluster": {"ps": ["127.0.0.1:0"]}, "task": {"type": "ps", "index": 0}},
+     [], "got '127.0.0.1:0'"),
+    ("non_integer_index", {"cluster": _CLUSTER, "task": {"type": "worker", "index": 1.5}}, [],
+     'TF_CONFIG["task"]["index"] must be an integer, got 1.5'),
+    ("bool_index", {"cluster": _CLUSTER, "task": {"type": "worker", "index": True}}, [],
+     "must be an integer, got True"),
+    ("cluster_list", {"cluster": ["127.0.0.1:2222"], "task": {"type": "ps", "index": 0}}, [],
+     'TF_CONFIG["cluster"] must be a non-empty object'),
+    ("job_not_string", {"cluster": _CLUSTER, "task": {"type": 7, "index": 0}}, [],
+     "the job name must be a string, got 7"),
+    ("cluster_spec_flag_list", None, ["--cluster_spec", "[1]", "--job_name", "ps",
+                                      "--task_index", "0"],
+     "--cluster_spec must be a JSON object, got list"),
+    ("negative_index_flag", None, ["--cluster_spec", json.dumps(_CLUSTER), "--job_name", "ps",
+                                   "--task_index", "-1"], "task_index -1 out of range"),
+    ("ready_file_dir_missing", None, ["--cluster_spec", json.dumps(_CLUSTER), "--job_name",
+                                      "ps", "--task_index", "0", "--ready_file",
+                                      "/nonexistent/dir/ready.json"], "no such directory"),
+]
+
+
+@pytest.mark.parametrize("tf_config,argv,message", [c[1:] for c in BAD_CONFIGS],
+                         ids=[c[0] for c in BAD_CONFIGS])
+def test_server_bad_configuration_exits_2_with_one_line(tf_config, argv, message):
+    env = _env(TF_CONFIG=json.dumps(tf_config) if tf_config is not None else "")
+    proc = subprocess.run([sys.executable, "-m", "fusedopt.server", *argv], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fusedopt.server: "), proc.stderr[-3000:]
+    assert message in lines[0]
+
+
+def test_server_port_in_use_exits_3_with_one_line():
+    with socket.socket() as taken:  # bound and listening: gRPC cannot bind it
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = "127.0.0.1:%d" % taken.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "fusedopt.server", "--cluster_spec",
+             json.dumps({"ps": [address]}), "--job_name", "ps", "--task_index", "0"],
+            env=_env(TF_CONFIG="", TF_CPP_MIN_LOG_LEVEL="3"), capture_output=True, text=True,
+            timeout=300)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("fusedopt.server")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert lines[0].startswith("fusedopt.server: cannot serve /job:ps/task:0 at " + address)
+    assert "port in use" in lines[0]

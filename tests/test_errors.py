@@ -182,3 +182,153 @@ def test_every_error_class_is_covered():
         assert needed in kinds
     assert any(k.startswith("slot_") for k in kinds)
     assert any(k.startswith("hyper_") for k in kinds)
+
+
+# --- variables TF's helpers would copy: a wrong dtype must not reach them (issue 16) ------
+
+# Each scenario: one state input of another dtype (float64 among float32), every buffer
+# shared by a kept read or every variable in copy-on-read mode (after a gather). TF's
+# copy-on-write/read helpers copy with the op's dtype and used to abort the process (CHECK
+# failure) before the op's own dtype check ran; now it is an InvalidArgumentError, and
+# every variable keeps its bits. Run in a subprocess: the old failure kills the process.
+_WRONG_DTYPE_SCRIPT = r'''
+import numpy as np, tensorflow as tf
+import error_cases as ec, numpy_reference as npref
+from test_errors import wrapper
+for rule in sorted(npref.RULES):
+    names = ["var"] + npref.RULES[rule]["slots"]
+    for sparse in (False, True):
+        for bad in range(len(names)):
+            for how in ("kept_read", "copy_on_read"):
+                case = ec.Case("wrong_dtype", rule, sparse, "")
+                state = [x.astype(np.float64) if i == bad else x
+                         for i, x in enumerate(case.state())]
+                vs = [tf.Variable(x) for x in state]
+                keep = [v.read_value() if how == "kept_read" else tf.gather(v, [0]) for v in vs]
+                name = "%s %s %s %s" % (rule, "sparse" if sparse else "dense", names[bad], how)
+                print("START", name, flush=True)
+                try:
+                    wrapper(rule, sparse, True)(*case.args(
+                        vs[0], vs[1:], case.hyper, case.grad.astype(state[0].dtype),
+                        case.indices))
+                except tf.errors.InvalidArgumentError as e:
+                    # The op's dtype is var's: a double var makes the float slots wrong.
+                    want = ("%s has dtype float but the update is for double" % names[1] if bad == 0
+                            else "%s has dtype double but the update is for float" % names[bad])
+                    assert want in e.message, (name, e.message)
+                else:
+                    raise AssertionError("no error: " + name)
+                for v, x in zip(vs, state):
+                    assert v.numpy().tobytes() == x.tobytes(), name
+                print("OK", name, flush=True)
+'''
+
+
+def test_wrong_dtype_variable_with_shared_buffer_is_an_error_not_an_abort():
+    import harness
+
+    proc = harness.run_python_in_subprocess(_WRONG_DTYPE_SCRIPT)
+    started = [line for line in proc.stdout.splitlines() if line.startswith("START")]
+    assert proc.returncode == 0, "%s during %r:\n%s" % (
+        harness.describe_exit(proc), started[-1] if started else None, proc.stdout[-3000:])
+    assert proc.stdout.count("\nOK ") == len(started) == 2 * 2 * (3 + 3 + 2)
+
+
+# --- the same variable twice (issue 16) ---------------------------------------------------
+
+def _state_pairs(rule):
+    """Every pair (first, second) of the rule's state inputs (var, slots)."""
+    names = ["var"] + RULES[rule]["slots"]
+    return [(names[i], names[j]) for i in range(len(names)) for j in range(i + 1, len(names))]
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("rule", RULE_NAMES)
+def test_same_resource_variable_twice_is_an_error(rule, sparse):
+    for first, second in _state_pairs(rule):
+        case = Case("aliased", rule, sparse, "")
+        vs = [tf.Variable(x) for x in case.state()]
+        names = ["var"] + RULES[rule]["slots"]
+        args = list(vs)
+        args[names.index(second)] = vs[names.index(first)]
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=re.escape("%s and %s are the same variable" % (first, second))):
+            wrapper(rule, sparse, True)(*case.args(args[0], args[1:], case.hyper, case.grad,
+                                                   case.indices))
+        _assert_unchanged(case.state(), [v.numpy() for v in vs])
+
+
+@pytest.mark.parametrize("use_locking", [False, True])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_same_ref_variable_twice_is_an_error(sparse, use_locking):
+    for first, second in _state_pairs("lazy_adam"):
+        case = Case("aliased_ref", "lazy_adam", sparse, "")
+        names = ["var", "m", "v"]
+        with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+            vs = [tf.compat.v1.Variable(x, use_resource=False) for x in case.state()]
+            args = list(vs)
+            args[names.index(second)] = vs[names.index(first)]
+            op = wrapper("lazy_adam", sparse, False)(
+                *case.args(args[0], args[1:], case.hyper, case.grad, case.indices),
+                use_locking=use_locking)
+            sess.run(tf.compat.v1.global_variables_initializer())
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match=re.escape("%s and %s are the same variable"
+                                               % (first, second))):
+                sess.run(op)
+            _assert_unchanged(case.state(), sess.run(vs))
+
+
+# --- partly known shapes: our words at graph construction (issue 16) -----------------------
+
+PARTIAL_CASES = [  # (rule, sparse, var shape, {input: placeholder shape}, message)
+    ("adagrad", False, (3, 2), {"grad": [None, 3]},
+     "grad must have the same shape as var: [3,2] vs [?,3]"),
+    ("adagrad", False, (3, 2), {"lr": [None]}, "lr must be a scalar, got shape [?]"),
+    ("lazy_adam", True, (5, 2), {"beta2_power": [None, 1]},
+     "beta2_power must be a scalar, got shape [?,1]"),
+    ("adamax", True, (5, 2), {"indices": [None, None], "grad": [None, 2]},
+     "indices must be 1-D, got shape [?,?]"),
+    ("adamax", True, (5, 2), {"grad": [None, 4]},
+     "grad must have shape [N] + var.shape[1:] = [3,2], got [?,4]"),
+    ("adagrad", True, (5, 2), {"grad": [None]},
+     "grad must have shape [N] + var.shape[1:] = [3,2], got [?]"),
+    ("lazy_adam", True, (5, 2), {"grad": [4, None]},
+     "grad and indices must have the same first dimension: 4 vs 3"),
+    ("adagrad", True, (), {"grad": [None]}, "var must be at least 1-D, got shape []"),
+    ("adagrad", False, (3, 2), {"accum": [None, 3]},
+     "accum must have the same shape as var: [3,2] vs [?,3]"),
+]
+
+
+@pytest.mark.parametrize("resource", [False, True], ids=["ref", "resource"])
+@pytest.mark.parametrize("rule,sparse,var_shape,partial,message", PARTIAL_CASES,
+                         ids=[c[-1].split(" ")[0] + "-" + str(i)
+                              for i, c in enumerate(PARTIAL_CASES)])
+def test_partly_known_shapes_rejected_with_the_kernel_message(rule, sparse, var_shape, partial,
+                                                              message, resource):
+    case = Case("partial", rule, sparse, "", var_shape=var_shape,
+                grad_shape=(1,) if var_shape == () else None)
+    names = ["var"] + RULES[rule]["slots"]
+    if not resource and any(n in partial for n in names):
+        pytest.skip("a ref variable's shape is fully known or unknown, never partial")
+    with tf.Graph().as_default():
+        vs = []
+        for name, x in zip(names, case.state()):
+            if name in partial:  # a resource variable of partly known shape
+                value = np.ones([d or 3 for d in partial[name]], x.dtype)
+                vs.append(tf.compat.v1.Variable(value, shape=tf.TensorShape(partial[name]),
+                                                use_resource=True))
+            else:
+                vs.append(tf.compat.v1.Variable(x, use_resource=resource))
+
+        def feed(name, x):
+            if name in partial:
+                return tf.compat.v1.placeholder(tf.as_dtype(x.dtype), partial[name])
+            return tf.constant(x)
+
+        hyper = {k: feed(k, v) for k, v in case.hyper.items()}
+        grad = feed("grad", case.grad)
+        indices = None if case.indices is None else feed("indices", case.indices)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            wrapper(rule, sparse, resource)(*case.args(vs[0], vs[1:], hyper, grad, indices))

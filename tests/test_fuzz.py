@@ -15,6 +15,10 @@ hyper-parameters that are sometimes NaN/Inf/0/1/negative.  The op must then eith
 Gradients are small dyadic rationals (k * 2**-s, |k| <= 64) so that summing duplicate
 rows is exact in every compute type and the float64 reference sees the same sums.
 
+``test_hostile_callers`` draws calls no honest caller makes (wrong dtypes, shared or
+copy-on-read variables, aliasing, lists, bad hyper-parameter types, huge thread counts;
+see its section) and runs them in a child process, so that an abort fails the test.
+
 Profiles (registered here): "ci" (default; bounded, derandomized) and "long"
 (thousands of examples): ``HYPOTHESIS_PROFILE=long pytest tests/test_fuzz.py``.
 ``FUSEDOPT_FUZZ_EXAMPLES=N`` overrides the example count of either profile.
@@ -377,3 +381,276 @@ def run_core(c, num_threads):
 @given(st.one_of(case_st(sparse=False), case_st(sparse=True)), st.sampled_from([1, 3]))
 def test_core(c, num_threads):
     _count("core", run_core(c, num_threads), c)
+
+
+# --- hostile callers (issue 16) -------------------------------------------------------
+#
+# Calls no honest caller makes: an input of another dtype, variables whose buffers are
+# shared (a kept read, a variable cloned from another) or in copy-on-read mode (after a
+# gather), the same variable twice, lists where arrays are updated in place, overlapping
+# arrays, read-only / non-contiguous / misaligned arrays, hyper-parameters and options of
+# the wrong type, thread counts from 0 to 2^31 - 1. Each must either be refused (a Python
+# exception, every variable/array and every kept read bit-for-bit unchanged) or give
+# exactly the result of the same update on clean, unshared inputs. The examples run in a
+# child process: a call that aborts or crashes it fails the test and names the example.
+
+HOSTILE_CHILD = os.environ.get("FUSEDOPT_HOSTILE_CHILD") == "1"
+_NP_TYPES = ["half", "bfloat16", "float", "double", "int32", "int64"]
+_REFUSED_OP = (tf.errors.InvalidArgumentError, tf.errors.NotFoundError, TypeError, ValueError)
+
+
+@st.composite
+def hostile_op_st(draw):
+    rule = draw(st.sampled_from(RULE_NAMES))
+    names = ["var"] + RULES[rule]["slots"]
+    dtype = draw(st.sampled_from(["half", "float", "double"]))
+    sparse = draw(st.booleans())
+    rows, inner = draw(st.integers(1, 5)), draw(st.integers(1, 3))
+    n = draw(st.integers(0, 6))
+    c = dict(target="op", rule=rule, dtype=dtype, sparse=sparse, shape=(rows, inner),
+             indices=draw(st.lists(st.integers(0, rows - 1), min_size=n, max_size=n)),
+             seed=draw(st.integers(0, 2**32 - 1)), use_locking=draw(st.booleans()),
+             share=draw(st.sampled_from(["none", "kept_read", "copy_on_read", "clone"])),
+             wrong=None, wrong_dtype=None, alias=None, not_a_variable=None)
+    fault = draw(st.sampled_from(["none", "dtype", "dtype", "alias", "not_a_variable"]))
+    if fault == "dtype":
+        c["wrong"] = draw(st.sampled_from(names + ["grad", "hyper"] + (["indices"] if sparse
+                                                                       else [])))
+        pool = (["float", "int32", "int64"] if c["wrong"] == "indices"
+                else [t for t in _NP_TYPES if t != dtype])
+        c["wrong_dtype"] = draw(st.sampled_from(pool))
+    elif fault == "alias":
+        i = draw(st.integers(0, len(names) - 2))
+        c["alias"] = (i, draw(st.integers(i + 1, len(names) - 1)))
+    elif fault == "not_a_variable":
+        c["not_a_variable"] = draw(st.integers(1, len(names) - 1))
+    # Refused: a state input or grad of another dtype, bad index dtype, aliasing, a list.
+    c["refused"] = (c["alias"] is not None or c["not_a_variable"] is not None
+                    or c["wrong"] not in (None, "hyper", "indices")
+                    or (c["wrong"] == "indices" and c["wrong_dtype"] == "float"))
+    return c
+
+
+def _op_inputs(c):
+    """(state arrays, grad, hyper, indices) of an op scenario, clean but for `wrong`."""
+    rng = np.random.default_rng(c["seed"])
+    var, slots = harness.make_state(c["rule"], c["shape"], c["dtype"], rng)
+    state = [var] + slots
+    names = ["var"] + RULES[c["rule"]]["slots"]
+    n = len(c["indices"])
+    grad = harness.make_grad((n, c["shape"][1]) if c["sparse"] else c["shape"], c["dtype"], rng)
+    hyper = harness.hyper_for(c["rule"], c["dtype"], 1)
+    indices = np.asarray(c["indices"], np.int64) if c["sparse"] else None
+    wrong = npref.np_dtype(c["wrong_dtype"]) if c["wrong"] else None
+    if c["wrong"] in names:
+        state[names.index(c["wrong"])] = state[names.index(c["wrong"])].astype(wrong)
+    elif c["wrong"] == "grad":
+        grad = grad.astype(wrong)
+    elif c["wrong"] == "hyper":
+        hyper = {k: np.asarray(v).astype(wrong) for k, v in hyper.items()}
+    elif c["wrong"] == "indices":
+        indices = indices.astype(wrong)
+    return state, grad, hyper, indices
+
+
+def _call_op(c, vs, grad, hyper, indices):
+    # grad as a tensor: the wrapper would convert a NumPy grad of another float dtype.
+    args = [vs[0]] + list(vs[1:]) + [hyper[h] for h in RULES[c["rule"]]["hyper"]]
+    args.append(tf.constant(grad))
+    wrapper(c["rule"], c["sparse"], True)(*args + ([indices] if c["sparse"] else []),
+                                          use_locking=c["use_locking"])
+
+
+def run_hostile_op(c):
+    state, grad, hyper, indices = _op_inputs(c)
+    keep = []  # (tensor or variable that must keep its value, expected bytes)
+    if c["share"] == "clone":  # each variable initialised from another: may share a buffer
+        sources = [tf.Variable(x) for x in state]
+        vs = [tf.Variable(s) for s in sources]
+        keep += [(s, x.tobytes()) for s, x in zip(sources, state)]
+    else:
+        vs = [tf.Variable(x) for x in state]
+    if c["share"] == "kept_read":
+        keep += [(v.read_value(), x.tobytes()) for v, x in zip(vs, state)]
+    elif c["share"] == "copy_on_read":
+        keep += [(tf.gather(v, [0]), x[:1].tobytes()) for v, x in zip(vs, state)]
+    args = list(vs)
+    if c["alias"]:
+        args[c["alias"][1]] = vs[c["alias"][0]]
+    if c["not_a_variable"]:
+        args[c["not_a_variable"]] = state[c["not_a_variable"]].tolist()
+    try:
+        _call_op(c, args, grad, hyper, indices)
+    except _REFUSED_OP as e:
+        assert c["refused"], ("refused a fine call", repr(e)[:500], _brief(c))
+        after, outcome = [x.tobytes() for x in state], "refused"
+    else:
+        assert not c["refused"], ("accepted a call it must refuse", _brief(c))
+        clean = [tf.Variable(x) for x in state]
+        _call_op(c, clean, grad, hyper, indices)
+        after, outcome = [v.numpy().tobytes() for v in clean], "accepted"
+    for k, (v, want) in enumerate(zip(vs, after)):
+        assert v.numpy().tobytes() == want, ("variable %d" % k, outcome, _brief(c))
+    for t, want in keep:
+        assert t.numpy().tobytes() == want, ("a kept read or clone source changed", _brief(c))
+    return outcome
+
+
+@st.composite
+def hostile_core_st(draw):
+    rule = draw(st.sampled_from(RULE_NAMES))
+    sparse = draw(st.booleans())
+    fault = draw(st.sampled_from([
+        "none", "list_var", "list_slot", "tuple_slots", "slot_is_var", "slots_overlap",
+        "grad_overlaps", "dtype", "dtype", "hyper_type", "option_type", "threads", "threads",
+        "threads_below_1", "readonly", "noncontiguous", "misaligned"]))
+    # Two elements at least where a fault needs them (a one-element array is contiguous
+    # whatever its strides; views one element apart overlap only beyond one element).
+    wide = fault in ("noncontiguous", "slots_overlap")
+    rows, inner = draw(st.integers(1, 5)), draw(st.integers(2 if wide else 1, 3))
+    n = draw(st.integers(2 if wide else 1, 6))
+    c = dict(target="core", rule=rule, sparse=sparse, shape=(rows, inner), fault=fault,
+             dtype=draw(st.sampled_from(["half", "bfloat16", "float", "double"])),
+             indices=draw(st.lists(st.integers(0, rows - 1), min_size=n, max_size=n)),
+             seed=draw(st.integers(0, 2**32 - 1)), threads=1, which=None, value=None)
+    inputs = ["var"] + ["slot%d" % k for k in range(len(RULES[rule]["slots"]))] + ["grad"]
+    if fault == "dtype":
+        c["which"] = draw(st.sampled_from(inputs + (["indices"] if sparse else [])))
+        c["value"] = draw(st.sampled_from(
+            ["float", "uint32", "int16"] if c["which"] == "indices"
+            else [t for t in _NP_TYPES if t != c["dtype"]] + [">f4"]))
+    elif fault in ("readonly", "noncontiguous", "misaligned"):
+        c["which"] = draw(st.sampled_from(inputs[:-1] if fault == "readonly" else inputs))
+    elif fault == "hyper_type":
+        c["which"] = draw(st.sampled_from(RULES[rule]["hyper"]))
+        c["value"] = draw(st.sampled_from(["0.1", None, [0.1], 1j, "nan", np.ones(2)]))
+    elif fault == "option_type":
+        c["value"] = draw(st.sampled_from([1, 0, "yes", None, 1.0]))
+    elif fault == "threads":
+        c["threads"] = draw(st.sampled_from([2, 3, 257, 3000, 2**31 - 1]))
+    elif fault == "threads_below_1":
+        c["threads"] = draw(st.sampled_from([0, -1, -2**31]))
+    c["refused"] = fault not in ("none", "tuple_slots", "threads")
+    return c
+
+
+def _core_inputs(c):
+    rng = np.random.default_rng(c["seed"])
+    var, slots = harness.make_state(c["rule"], c["shape"], c["dtype"], rng)
+    n = len(c["indices"])
+    grad = harness.make_grad((n, c["shape"][1]) if c["sparse"] else c["shape"], c["dtype"], rng)
+    indices = np.asarray(c["indices"], np.int64) if c["sparse"] else None
+    return var, slots, grad, indices
+
+
+def _hostile_arrays(c, var, slots, grad, indices):
+    """The scenario's (var, slots, grad, indices, hyper, options) built from clean copies."""
+    var, slots, grad = var.copy(), [s.copy() for s in slots], grad.copy()
+    hyper = harness.hyper_for(c["rule"], c["dtype"], 1)
+    options, fault, which = {}, c["fault"], c["which"]
+    named = {"var": var, "grad": grad, "indices": indices,
+             **{"slot%d" % k: s for k, s in enumerate(slots)}}
+
+    def replace(name, new):
+        nonlocal var, grad, indices
+        if name == "var":
+            var = new
+        elif name == "grad":
+            grad = new
+        elif name == "indices":
+            indices = new
+        else:
+            slots[int(name[4:])] = new
+
+    if fault == "list_var":
+        var = var.tolist()
+    elif fault == "list_slot":
+        slots[0] = slots[0].tolist()
+    elif fault == "tuple_slots":
+        slots = tuple(slots)
+    elif fault == "slot_is_var":
+        slots[0] = var
+    elif fault == "slots_overlap":  # var and slot 0: views one element apart
+        buf = np.concatenate([var.ravel(), var.ravel()[:1]])
+        var, slots[0] = buf[:-1].reshape(var.shape), buf[1:].reshape(var.shape)
+    elif fault == "grad_overlaps":
+        grad = var[:grad.shape[0]] if c["sparse"] else var
+    elif fault == "dtype":
+        replace(which, named[which].astype(npref.np_dtype(c["value"])))
+    elif fault == "readonly":
+        named[which].setflags(write=False)
+    elif fault == "noncontiguous":
+        a = named[which]
+        wide = np.repeat(a[..., None], 2, axis=-1)
+        replace(which, wide[..., 0])
+    elif fault == "misaligned":
+        a = named[which]
+        raw = np.frombuffer(bytearray(a.nbytes + a.itemsize), np.uint8)[1:1 + a.nbytes]
+        moved = raw.view(a.dtype).reshape(a.shape)
+        moved[...] = a
+        replace(which, moved)
+    elif fault == "hyper_type":
+        hyper[which] = c["value"]
+    elif fault == "option_type":
+        options = {next(iter(RULES[c["rule"]]["options"]), "bogus"): c["value"]}
+    return var, slots, grad, indices, hyper, options
+
+
+def _call_core(c, var, slots, grad, indices, hyper, options, threads):
+    if c["sparse"]:
+        _core.apply_sparse(c["rule"], var, slots, grad, indices, hyper, options,
+                           num_threads=threads)
+    else:
+        _core.apply_dense(c["rule"], var, slots, grad, hyper, options, num_threads=threads)
+
+
+def _bytes(x):
+    return np.asarray(x).tobytes() if isinstance(x, np.ndarray) else repr(x)
+
+
+def run_hostile_core(c):
+    clean = _core_inputs(c)
+    var, slots, grad, indices, hyper, options = _hostile_arrays(c, *clean)
+    before = [_bytes(x) for x in [var, *slots, grad]]
+    try:
+        _call_core(c, var, slots, grad, indices, hyper, options, c["threads"])
+    except (TypeError, ValueError) as e:
+        assert c["refused"], ("refused a fine call", repr(e)[:500], _brief(c))
+        assert [_bytes(x) for x in [var, *slots, grad]] == before, ("changed", _brief(c))
+        return "refused"
+    assert not c["refused"], ("accepted a call it must refuse", _brief(c))
+    var0, slots0, grad0, indices0 = clean
+    want_var, want_slots = var0.copy(), [s.copy() for s in slots0]
+    _call_core(c, want_var, want_slots, grad0, indices0,
+               harness.hyper_for(c["rule"], c["dtype"], 1), {}, 1)
+    assert [_bytes(x) for x in [var, *slots]] == [_bytes(x) for x in [want_var, *want_slots]], (
+        "result differs from the clean one-thread call", _brief(c))
+    return "accepted"
+
+
+@pytest.mark.skipif(not HOSTILE_CHILD, reason="runs in the child of test_hostile_callers")
+@fuzz_settings(5)  # cheap examples (~15 ms): 300 in the ci profile
+@given(st.one_of(hostile_op_st(), hostile_core_st()))
+def test_hostile_caller(c):
+    with open(os.environ["FUSEDOPT_HOSTILE_TRACE"], "w") as f:
+        f.write(repr(_brief(c)))  # names the example if the process dies
+    outcome = run_hostile_op(c) if c["target"] == "op" else run_hostile_core(c)
+    for key in ("hostile_%s" % c["target"], "hostile_%s:%s" % (c["target"], outcome)):
+        RUN_COUNTS[key] = RUN_COUNTS.get(key, 0) + 1
+
+
+@pytest.mark.skipif(HOSTILE_CHILD, reason="the parent of test_hostile_caller")
+def test_hostile_callers(tmp_path):
+    trace = tmp_path / "example"
+    env = dict(os.environ, FUSEDOPT_HOSTILE_CHILD="1", FUSEDOPT_HOSTILE_TRACE=str(trace),
+               HYPOTHESIS_PROFILE=_PROFILE)
+    proc = harness.run_python_in_subprocess(
+        "import sys, pytest; sys.exit(pytest.main(['-q', '-s', '-p', 'no:cacheprovider', "
+        "'-k', 'test_hostile_caller and not callers', %r]))" % os.path.abspath(__file__),
+        env_extra=env, timeout=1800)
+    counts = re.findall(r"^fuzz examples run.*$", proc.stdout, re.M)
+    print("\n" + (counts[-1] if counts else "no counts"))
+    last = trace.read_text() if trace.exists() else None
+    assert proc.returncode == 0, "%s; last example %s\n%s" % (
+        harness.describe_exit(proc), last, proc.stdout[-6000:])
+    assert re.search(r"\b1 passed", proc.stdout), proc.stdout[-3000:]

@@ -131,6 +131,74 @@ def test_unknown_rule_and_arguments():
         reference.apply_dense("adagrad", v, [], [1.0, 1.0], lr=0.1, epsilon=0.0)
 
 
+# --- bad indices in the composed sparse forms (issue 16) ----------------------------------
+
+BAD_INDICES = [([2, -3], "indices[1] = -3 is not in [0, 4)"),
+               ([-1], "indices[0] = -1 is not in [0, 4)"),
+               ([1, 1, 4, -2], "indices[2] = 4 is not in [0, 4)"),
+               ([3, -2147483648], "indices[1] = -2147483648 is not in [0, 4)")]
+
+
+def _masked_step(rule, vs, hyper):
+    def step(grad, indices):
+        new_var, new_slots = reference.masked_sparse_update(
+            rule, vs[0], vs[1:], grad, indices, **hyper)
+        for v, x in zip(vs, [new_var] + list(new_slots)):
+            v.assign(x)
+    return step
+
+
+def _apply_sparse_step(rule, vs, hyper):
+    return lambda grad, indices: reference.apply_sparse(rule, vs[0], vs[1:], grad, indices,
+                                                        **hyper)
+
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64], ids=_ids)
+@pytest.mark.parametrize("mode", ["eager", "function", "jit"])
+@pytest.mark.parametrize("form", ["masked_sparse_update", "apply_sparse"])
+@pytest.mark.parametrize("rule", RULE_NAMES)
+def test_bad_indices_rejected_before_writing(rule, form, mode, index_dtype):
+    # As the ops: every id must be in [0, rows), negative ones too; nothing is written.
+    # Under XLA nothing can raise at run time: the call writes nothing instead.
+    rng = np.random.default_rng(8)
+    var0, slots0 = harness.make_state(rule, (4, 3), "float", rng)
+    hyper = harness.hyper_for(rule, "float", 1)
+    make = _masked_step if form == "masked_sparse_update" else _apply_sparse_step
+    for ids, message in BAD_INDICES:
+        vs = [tf.Variable(x) for x in [var0] + slots0]
+        step = make(rule, vs, hyper)
+        if mode != "eager":
+            step = tf.function(step, jit_compile=mode == "jit")
+        grad = tf.constant(harness.make_grad((len(ids), 3), "float", rng))
+        indices = tf.constant(ids, index_dtype)
+        if mode == "jit":
+            step(grad, indices)
+        else:
+            with pytest.raises(tf.errors.InvalidArgumentError) as raised:
+                step(grad, indices)
+            assert message in raised.value.message
+        for v, x in zip(vs, [var0] + slots0):
+            assert v.numpy().tobytes() == x.tobytes(), (ids, mode)
+
+
+@pytest.mark.parametrize("mode", ["eager", "function", "jit"])
+def test_masked_sparse_update_valid_and_empty_indices_still_update(mode):
+    rng = np.random.default_rng(9)
+    var0, slots0 = harness.make_state("adagrad", (4, 3), "float", rng)
+    hyper = harness.hyper_for("adagrad", "float", 1)
+    for ids in ([2, 0, 2], []):
+        vs = [tf.Variable(x) for x in [var0] + slots0]
+        step = _masked_step("adagrad", vs, hyper)
+        if mode != "eager":
+            step = tf.function(step, jit_compile=mode == "jit")
+        grad = harness.make_grad((len(ids), 3), "float", rng)
+        step(tf.constant(grad), tf.constant(ids, tf.int64))
+        exp_var, exp_slots = npref.sparse_update("adagrad", var0, slots0, grad,
+                                                 np.array(ids, np.int64), hyper)
+        npref.assert_close(vs[0].numpy(), exp_var, "float", "var %s" % ids)
+        npref.assert_close(vs[1].numpy(), exp_slots[0], "float", "accum %s" % ids)
+
+
 # --- the NumPy oracle itself against TensorFlow's built-in training ops (float64) ------
 
 def _tf_raw_step(rule, variant, vs, grad, hyper, options, indices=None):

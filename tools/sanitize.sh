@@ -95,8 +95,18 @@ for src in "${tf_srcs[@]}"; do tf_objs+=("$obj/$(basename "$src").o"); done
 py_objs=()
 for src in "${py_srcs[@]}"; do py_objs+=("$obj/$(basename "$src").o"); done
 "$CXX" -shared "${san[@]}" "${py_objs[@]}" -o "$pkg/_core$ext_suffix"
-printf '{"tensorflow_version": "%s", "build_system": "sanitize.sh", "compiler": "%s", "cuda": false, "sanitizers": "address,undefined"}\n' \
-  "$tf_version" "$("$CXX" --version | head -1)" >"$pkg/_build_info.json"
+# Build info as the other builds write it, with each library's size and sha256.
+PYTHONPATH="$root/python" "$PY" - "$pkg" "$tf_version" "$("$CXX" --version | head -1)" <<'EOF'
+import glob, json, os, sys
+from fusedopt._loader import library_record
+pkg, tf_version, compiler = sys.argv[1:]
+info = {"tensorflow_version": tf_version, "build_system": "sanitize.sh", "compiler": compiler,
+        "cuda": False, "sanitizers": "address,undefined",
+        "libraries": {os.path.basename(p): library_record(p)
+                      for p in sorted(glob.glob(os.path.join(pkg, "*.so")))}}
+with open(os.path.join(pkg, "_build_info.json"), "w") as f:
+    json.dump(info, f, indent=1)
+EOF
 echo "sanitize: built in $((SECONDS - t0)) s -> $pkg" >&2
 
 # Run the tests with the runtimes preloaded (ASan must come first in the process).

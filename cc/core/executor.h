@@ -9,8 +9,13 @@
 #define FUSEDOPT_CC_CORE_EXECUTOR_H_
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
+#include <mutex>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -32,10 +37,79 @@ class SerialExecutor final : public Executor {
   }
 };
 
-// Plain std::thread fan-out for callers without a pool (the pybind11 module).
+// Most threads a std::thread executor starts for one call. More would only cost memory
+// (each reserves a stack) and start-up time; callers asking for more get this many.
+constexpr int kMaxThreads = 256;
+
+// Runs fn(0) on the calling thread and fn(1) .. fn(count - 1) on new threads. Every thread
+// is started before any fn runs, so when one cannot be started (a thread limit, no address
+// space left for its stack) nothing has run: the started ones are released unrun and
+// joined, and std::runtime_error says why (letting a joinable std::thread go out of scope
+// would call std::terminate). An exception thrown by fn is rethrown here once every
+// thread has finished.
+template <typename Fn>
+void RunOnThreads(int count, const Fn& fn) {
+  if (count <= 1) {
+    if (count == 1) fn(0);
+    return;
+  }
+  enum class Gate { kWait, kGo, kCancel };
+  Gate gate = Gate::kWait;
+  std::mutex mu;
+  std::condition_variable opened;
+  std::exception_ptr error;
+  auto run = [&](int t) {
+    try {
+      fn(t);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(count - 1);
+  auto open_and_join = [&](Gate to) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      gate = to;
+    }
+    opened.notify_all();
+    for (auto& t : threads) t.join();
+  };
+  try {
+    for (int t = 1; t < count; ++t) {
+      threads.emplace_back([&, t] {
+        {
+          std::unique_lock<std::mutex> lock(mu);
+          opened.wait(lock, [&] { return gate != Gate::kWait; });
+          if (gate == Gate::kCancel) return;
+        }
+        run(t);
+      });
+    }
+  } catch (const std::exception& e) {
+    const size_t started = threads.size();
+    open_and_join(Gate::kCancel);
+    throw std::runtime_error("could not start thread " + std::to_string(started + 2) + " of " +
+                             std::to_string(count) + " (" + e.what() +
+                             "); nothing was run: use fewer threads");
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    gate = Gate::kGo;
+  }
+  opened.notify_all();
+  run(0);
+  for (auto& t : threads) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+// Plain std::thread fan-out for callers without a pool (the pybind11 module), at most
+// kMaxThreads threads.
 class ThreadExecutor final : public Executor {
  public:
-  explicit ThreadExecutor(int num_threads) : num_threads_(std::max(1, num_threads)) {}
+  explicit ThreadExecutor(int num_threads)
+      : num_threads_(std::clamp(num_threads, 1, kMaxThreads)) {}
 
   void ParallelFor(int64_t n, int64_t cost_per_unit, const Block& fn) override {
     if (n <= 0) return;
@@ -43,17 +117,11 @@ class ThreadExecutor final : public Executor {
     const int64_t min_units = std::max<int64_t>(1, 50000 / std::max<int64_t>(1, cost_per_unit));
     const int64_t blocks =
         std::min<int64_t>(num_threads_, std::max<int64_t>(1, n / min_units));
-    if (blocks <= 1) {
-      fn(0, n);
-      return;
-    }
     const int64_t step = (n + blocks - 1) / blocks;
-    std::vector<std::thread> workers;
-    for (int64_t begin = step; begin < n; begin += step) {
-      workers.emplace_back(fn, begin, std::min(n, begin + step));
-    }
-    fn(0, std::min(n, step));
-    for (auto& w : workers) w.join();
+    RunOnThreads(static_cast<int>((n + step - 1) / step), [&](int t) {
+      const int64_t begin = t * step;
+      fn(begin, std::min(n, begin + step));
+    });
   }
 
  private:

@@ -22,8 +22,9 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
+
+#include "cc/core/executor.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -31,6 +32,9 @@
 
 namespace fusedopt {
 namespace bandwidth {
+
+// 4 TiB per array: far beyond any machine, small enough that byte counts cannot overflow.
+constexpr int64_t kMaxElements = int64_t{1} << 40;
 
 struct AlignedFree {
   void operator()(float* p) const { std::free(p); }
@@ -64,13 +68,7 @@ inline void StreamStore(float* dst, const float* a, const float* b, float s, int
 template <typename Fn>
 void OnThreads(int64_t n, int num_threads, const Fn& fn) {
   const int64_t per = ((n / num_threads + 15) / 16) * 16;
-  std::vector<std::thread> threads;
-  for (int t = 1; t < num_threads; ++t) {
-    const int64_t begin = std::min(n, t * per), end = std::min(n, (t + 1) * per);
-    threads.emplace_back([&fn, begin, end] { fn(begin, end); });
-  }
-  fn(0, std::min(n, per));
-  for (auto& t : threads) t.join();
+  RunOnThreads(num_threads, [&](int t) { fn(std::min(n, t * per), std::min(n, (t + 1) * per)); });
 }
 
 // Best GB/s over `repeats` runs of `kernel` ("copy", "triad" or "update") on arrays
@@ -79,8 +77,10 @@ inline double Measure(const std::string& kernel, int64_t n, int num_threads, int
   if (kernel != "copy" && kernel != "triad" && kernel != "update" && kernel != "update3") {
     throw std::invalid_argument("kernel must be copy, triad, update or update3, got " + kernel);
   }
-  if (n < 16 * num_threads || num_threads < 1 || repeats < 1) {
-    throw std::invalid_argument("need n >= 16 * num_threads, num_threads >= 1, repeats >= 1");
+  if (num_threads < 1 || num_threads > kMaxThreads || n < int64_t{16} * num_threads ||
+      n > kMaxElements || repeats < 1) {
+    throw std::invalid_argument("need 1 <= num_threads <= " + std::to_string(kMaxThreads) +
+                                ", 16 * num_threads <= n <= 2^40, repeats >= 1");
   }
   n = (n / 16) * 16;
   const bool four = kernel == "update3";

@@ -4,6 +4,7 @@
 #ifndef FUSEDOPT_CC_PYBIND_COMMON_H_
 #define FUSEDOPT_CC_PYBIND_COMMON_H_
 
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <array>
@@ -11,6 +12,7 @@
 
 #include "cc/core/engine.h"
 #include "cc/core/rules/all_rules.h"
+#include "cc/core/validate.h"
 
 namespace fusedopt {
 namespace pycommon {
@@ -21,6 +23,38 @@ inline void Require(bool ok, const std::string& message) {
   if (!ok) throw py::value_error(message);
 }
 
+inline std::string TypeName(const py::handle& obj) { return Py_TYPE(obj.ptr())->tp_name; }
+
+// A hyper-parameter: a real number (Python or NumPy scalar, 0-d array), named in errors
+// (pybind11's own cast error names neither the parameter nor the type it wants).
+inline double HyperValue(const py::handle& value, const char* name) {
+  if (py::isinstance<py::array>(value)) {
+    const auto a = py::reinterpret_borrow<py::array>(value);
+    Require(a.ndim() == 0, std::string(name) + " must be a scalar, got shape " +
+                               ShapeString(Shape(a.shape(), a.shape() + a.ndim())));
+  }
+  // __float__/__index__ only: unlike float(), no strings.
+  const double x = PyFloat_AsDouble(value.ptr());
+  if (x == -1.0 && PyErr_Occurred()) {
+    const py::error_already_set cause;
+    throw py::type_error("hyper-parameter " + std::string(name) +
+                         " must be a real number (float), got " + TypeName(value) + ": " +
+                         cause.what());
+  }
+  return x;
+}
+
+// An option: True/False (Python or NumPy bool), as the TF ops' bool attributes.
+inline bool OptionValue(const py::handle& value, const char* name) {
+  const bool is_bool = py::isinstance<py::bool_>(value) ||
+                       py::isinstance(value, py::module_::import("numpy").attr("bool_"));
+  if (!is_bool) {
+    throw py::type_error("option " + std::string(name) + " must be a bool, got " +
+                         TypeName(value));
+  }
+  return PyObject_IsTrue(value.ptr()) == 1;
+}
+
 // Hyper-parameters are rounded to the variable's dtype first, as the TF wrappers do.
 template <typename Rule, typename T>
 ParamsFor<Rule, T> ParamsFromDicts(const py::dict& hyper, const py::dict& options) {
@@ -29,7 +63,7 @@ ParamsFor<Rule, T> ParamsFromDicts(const py::dict& hyper, const py::dict& option
   for (size_t i = 0; i < Rule::kHyper.size(); ++i) {
     const char* name = Rule::kHyper[i];
     Require(hyper.contains(name), std::string("missing hyper-parameter ") + name);
-    Store(values[i], static_cast<ComputeType<T>>(hyper[name].cast<double>()));
+    Store(values[i], static_cast<ComputeType<T>>(HyperValue(hyper[name], name)));
     pointers[i] = &values[i];
   }
   for (auto item : hyper) {
@@ -41,7 +75,8 @@ ParamsFor<Rule, T> ParamsFromDicts(const py::dict& hyper, const py::dict& option
   std::array<bool, Rule::kOptions.size()> flags{};
   for (size_t i = 0; i < Rule::kOptions.size(); ++i) {
     const char* name = Rule::kOptions[i].name;
-    flags[i] = options.contains(name) ? options[name].cast<bool>() : Rule::kOptions[i].default_value;
+    flags[i] = options.contains(name) ? OptionValue(options[name], name)
+                                   : Rule::kOptions[i].default_value;
   }
   for (auto item : options) {
     const std::string key = py::str(item.first);

@@ -4,7 +4,9 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <array>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -36,16 +38,46 @@ struct State {
   std::vector<py::array> slots;
 };
 
+// var and the slots are updated in place, so they must be NumPy arrays already: pybind11
+// would convert anything else (a list) into a temporary array, update that and drop it.
+py::array InPlaceArray(const py::handle& obj, const std::string& what) {
+  if (!py::isinstance<py::array>(obj)) {
+    throw py::type_error(what + " must be a numpy.ndarray (it is updated in place), got " +
+                         pycommon::TypeName(obj));
+  }
+  return py::reinterpret_borrow<py::array>(obj);
+}
+
+// The bytes an array spans (arrays are checked C-contiguous first, so exactly these).
+struct Span {
+  std::string name;
+  uintptr_t begin, end;
+};
+
+Span SpanOf(const std::string& name, const py::array& a) {
+  const auto begin = reinterpret_cast<uintptr_t>(a.data());
+  return {name, begin, begin + static_cast<uintptr_t>(a.nbytes())};
+}
+
+bool Overlap(const Span& a, const Span& b) { return a.begin < b.end && b.begin < a.end; }
+
+void RequireAligned(const std::string& name, const py::array& a) {
+  Require(reinterpret_cast<uintptr_t>(a.data()) % a.itemsize() == 0,
+          name + " is not aligned to its " + std::to_string(a.itemsize()) + "-byte elements");
+}
+
+// Everything about var, slots and grad (and indices, when sparse) that can reject the
+// call, before anything is written. `indices` is null for dense updates.
 template <typename Rule>
-State CheckState(const py::array& var, const py::list& slots, const py::array& grad,
-                 const Shape& indices_shape, bool sparse) {
+State CheckState(const py::array& var, const py::sequence& slots, const py::array& grad,
+                 const py::array* indices) {
   constexpr int kSlots = NumSlots<Rule>();
   Require(static_cast<int>(slots.size()) == kSlots,
           std::string(Rule::kPyName) + " needs " + std::to_string(kSlots) + " slot arrays");
   State state{var, {}};
   std::vector<Shape> slot_shapes;
-  for (auto s : slots) {
-    state.slots.push_back(s.cast<py::array>());
+  for (int k = 0; k < kSlots; ++k) {
+    state.slots.push_back(InPlaceArray(slots[k], Rule::kSlots[k]));
     slot_shapes.push_back(ShapeOf(state.slots.back()));
   }
   std::vector<py::array> all = state.slots;
@@ -56,14 +88,36 @@ State CheckState(const py::array& var, const py::list& slots, const py::array& g
             "var, slots and grad must share one dtype");
   }
   all.push_back(grad);
+  if (indices != nullptr) all.push_back(*indices);
   for (const auto& a : all) {
     Require(a.flags() & py::array::c_style, "arrays must be C-contiguous");
   }
+  // Written: var and slots; read while they are written: grad (and indices).
+  std::vector<Span> written = {SpanOf("var", var)}, read = {SpanOf("grad", grad)};
+  for (int k = 0; k < kSlots; ++k) written.push_back(SpanOf(Rule::kSlots[k], state.slots[k]));
+  if (indices != nullptr) read.push_back(SpanOf("indices", *indices));
+  RequireAligned("var", var);
+  for (int k = 0; k < kSlots; ++k) RequireAligned(Rule::kSlots[k], state.slots[k]);
+  RequireAligned("grad", grad);
+  if (indices != nullptr) RequireAligned("indices", *indices);
+  for (size_t i = 0; i < written.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      Require(!Overlap(written[i], written[j]),
+              written[j].name + " and " + written[i].name +
+                  " overlap in memory; var and each slot need their own array");
+    }
+    for (const Span& r : read) {
+      Require(!Overlap(written[i], r), r.name + " overlaps " + written[i].name +
+                                           " in memory; pass a copy (it is read while " +
+                                           written[i].name + " is written)");
+    }
+  }
   const std::vector<Shape> hyper(NumHyper<Rule>());  // Python numbers: scalars
   const std::string error =
-      sparse ? ValidateSparse<Rule>(ShapeOf(var), slot_shapes.data(), hyper.data(),
-                                    ShapeOf(grad), indices_shape)
-             : ValidateDense<Rule>(ShapeOf(var), slot_shapes.data(), hyper.data(), ShapeOf(grad));
+      indices != nullptr
+          ? ValidateSparse<Rule>(ShapeOf(var), slot_shapes.data(), hyper.data(), ShapeOf(grad),
+                                 ShapeOf(*indices))
+          : ValidateDense<Rule>(ShapeOf(var), slot_shapes.data(), hyper.data(), ShapeOf(grad));
   Require(error.empty(), error);
   return state;
 }
@@ -76,9 +130,9 @@ std::array<T*, kSlots> SlotPointers(State& state) {
 }
 
 template <typename Rule, typename T>
-void Dense(const py::array& var, const py::list& slots, const py::array& grad,
+void Dense(const py::array& var, const py::sequence& slots, const py::array& grad,
            const py::dict& hyper, const py::dict& options, int num_threads) {
-  State state = CheckState<Rule>(var, slots, grad, {}, false);
+  State state = CheckState<Rule>(var, slots, grad, nullptr);
   const auto params = ParamsFromDicts<Rule, T>(hyper, options);
   auto slot_ptrs = SlotPointers<T, NumSlots<Rule>()>(state);
   T* var_ptr = static_cast<T*>(state.var.mutable_data());
@@ -90,11 +144,10 @@ void Dense(const py::array& var, const py::list& slots, const py::array& grad,
 }
 
 template <typename Rule, typename T, typename Index>
-void Sparse(const py::array& var, const py::list& slots, const py::array& grad,
+void Sparse(const py::array& var, const py::sequence& slots, const py::array& grad,
             const py::array& indices, const py::dict& hyper, const py::dict& options,
             int num_threads) {
-  Require(indices.flags() & py::array::c_style, "arrays must be C-contiguous");
-  State state = CheckState<Rule>(var, slots, grad, ShapeOf(indices), true);
+  State state = CheckState<Rule>(var, slots, grad, &indices);
   const auto params = ParamsFromDicts<Rule, T>(hyper, options);
   auto slot_ptrs = SlotPointers<T, NumSlots<Rule>()>(state);
   T* var_ptr = static_cast<T*>(state.var.mutable_data());
@@ -111,6 +164,21 @@ void Sparse(const py::array& var, const py::list& slots, const py::array& grad,
                                         grad_ptr, index_ptr, n, executor);
   }
   Require(error.empty(), error);
+}
+
+// The slot arrays: a list or tuple (each one checked by CheckState).
+py::sequence SlotList(const py::object& slots) {
+  if (!py::isinstance<py::list>(slots) && !py::isinstance<py::tuple>(slots)) {
+    throw py::type_error("slots must be a list of numpy.ndarrays, got " +
+                         pycommon::TypeName(slots));
+  }
+  return py::reinterpret_borrow<py::sequence>(slots);
+}
+
+// At least 1; more than kMaxThreads are not started (each would only cost a stack).
+int ThreadCount(int64_t num_threads) {
+  Require(num_threads >= 1, "num_threads must be at least 1, got " + std::to_string(num_threads));
+  return static_cast<int>(std::min<int64_t>(num_threads, kMaxThreads));
 }
 
 // Exposes the 16-bit conversions so tests can compare them with NumPy/ml_dtypes.
@@ -160,31 +228,40 @@ PYBIND11_MODULE(_core, m) {
       "a += s*b in place) over arrays of n float32 on num_threads threads.");
   m.def(
       "apply_dense",
-      [](const std::string& rule, py::array var, py::list slots, py::array grad,
-         py::dict hyper, py::dict options, int num_threads) {
-        Dispatch(rule, DtypeName(var), [&]<typename Rule, typename T>() {
-          Dense<Rule, T>(var, slots, grad, hyper, options, num_threads);
+      [](const std::string& rule, const py::object& var, const py::object& slots,
+         py::array grad, py::dict hyper, py::dict options, int64_t num_threads) {
+        const py::array state = InPlaceArray(var, "var");
+        const py::sequence slot_list = SlotList(slots);
+        const int threads = ThreadCount(num_threads);
+        Dispatch(rule, DtypeName(state), [&]<typename Rule, typename T>() {
+          Dense<Rule, T>(state, slot_list, grad, hyper, options, threads);
         });
       },
       py::arg("rule"), py::arg("var"), py::arg("slots"), py::arg("grad"), py::arg("hyper"),
       py::arg("options") = py::dict(), py::arg("num_threads") = 1,
-      "Dense update of var and slots in place.");
+      "Dense update of var and slots (numpy.ndarrays) in place, on up to num_threads "
+      "threads (at most 256).");
   m.def(
       "apply_sparse",
-      [](const std::string& rule, py::array var, py::list slots, py::array grad,
-         py::array indices, py::dict hyper, py::dict options, int num_threads) {
+      [](const std::string& rule, const py::object& var, const py::object& slots,
+         py::array grad, py::array indices, py::dict hyper, py::dict options,
+         int64_t num_threads) {
+        const py::array state = InPlaceArray(var, "var");
+        const py::sequence slot_list = SlotList(slots);
+        const int threads = ThreadCount(num_threads);
         const std::string index_type = DtypeName(indices);
         Require(index_type == "int32" || index_type == "int64",
                 "indices must be int32 or int64, got " + index_type);
-        Dispatch(rule, DtypeName(var), [&]<typename Rule, typename T>() {
+        Dispatch(rule, DtypeName(state), [&]<typename Rule, typename T>() {
           if (index_type == "int32") {
-            Sparse<Rule, T, int32_t>(var, slots, grad, indices, hyper, options, num_threads);
+            Sparse<Rule, T, int32_t>(state, slot_list, grad, indices, hyper, options, threads);
           } else {
-            Sparse<Rule, T, int64_t>(var, slots, grad, indices, hyper, options, num_threads);
+            Sparse<Rule, T, int64_t>(state, slot_list, grad, indices, hyper, options, threads);
           }
         });
       },
       py::arg("rule"), py::arg("var"), py::arg("slots"), py::arg("grad"), py::arg("indices"),
       py::arg("hyper"), py::arg("options") = py::dict(), py::arg("num_threads") = 1,
-      "Sparse update of the rows named by indices (duplicates summed first), in place.");
+      "Sparse update of the rows named by indices (duplicates summed first), in place, on "
+      "up to num_threads threads (at most 256).");
 }

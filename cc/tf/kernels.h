@@ -120,6 +120,7 @@ class FusedApply {
       OP_REQUIRES(ctx, found.ok() && variable->tensor()->IsInitialized(),
                   UninitializedError(ctx, i, found));
     }
+    OP_REQUIRES_OK(ctx, CheckStateInputs(ctx));  // dtypes, aliasing: before TF's helpers
     std::vector<int> state_inputs(1 + kSlots);
     std::iota(state_inputs.begin(), state_inputs.end(), 0);
     auto locks = LockVariables(ctx, state_inputs);
@@ -211,6 +212,48 @@ class FusedApply {
   }
 
  private:
+  // Runs before any TF helper touches a variable. TF's copy-on-write/read helpers copy
+  // with the op's T and CHECK-fail (abort the process) on a variable of another dtype, so
+  // every variable's dtype is checked here, from the variable itself. And a variable
+  // passed twice would be copied apart by copy-on-write or updated as var and slot at once.
+  // (A variable deleted or uninitialized since the lookups above reads as uninitialized.)
+  absl::Status CheckStateInputs(::tensorflow::OpKernelContext* ctx) {
+    const ::tensorflow::DataType want = ::tensorflow::DataTypeToEnum<T>::value;
+    std::array<::tensorflow::core::RefCountPtr<::tensorflow::Var>, 1 + kSlots> held;
+    std::array<const void*, 1 + kSlots> identity{};  // the Var, or a ref input's mutex
+    for (int i = 0; i <= kSlots; ++i) {
+      ::tensorflow::DataType dtype;
+      if (ctx->input_dtype(i) == ::tensorflow::DT_RESOURCE) {
+        ::tensorflow::core::RefCountPtr<::tensorflow::Var>& variable = held[i];
+        const absl::Status found = ::tensorflow::LookupResource(
+            ctx, ::tensorflow::HandleFromInput(ctx, i), &variable);
+        if (!found.ok()) return UninitializedError(ctx, i, found);
+        ::tsl::tf_shared_lock lock(*variable->mu());  // an assign may swap the tensor
+        if (!variable->tensor()->IsInitialized()) return UninitializedError(ctx, i, found);
+        dtype = variable->tensor()->dtype();
+        identity[i] = variable.get();
+      } else {
+        dtype = ::tensorflow::BaseType(ctx->input_dtype(i));
+        identity[i] = ctx->input_ref_mutex(i);  // one mutex per ref variable
+      }
+      if (dtype != want) {
+        return absl::InvalidArgumentError(
+            std::string(StateName(i)) + " has dtype " + ::tensorflow::DataTypeString(dtype) +
+            " but the update is for " + ::tensorflow::DataTypeString(want));
+      }
+      for (int j = 0; j < i; ++j) {
+        if (identity[j] != identity[i]) continue;
+        return absl::InvalidArgumentError(
+            std::string(StateName(j)) + " and " + StateName(i) + " are the same variable (" +
+            ctx->op_kernel().requested_input(j) + ", " + ctx->op_kernel().requested_input(i) +
+            "); each needs its own");
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  static const char* StateName(int i) { return i == 0 ? "var" : Rule::kSlots[i - 1]; }
+
   ::tensorflow::VariableInputLockHolder LockVariables(::tensorflow::OpKernelContext* ctx,
                                                       const std::vector<int>& inputs) {
 #ifdef FUSEDOPT_CUDA

@@ -83,27 +83,63 @@ absl::Status InferShapes(InferenceContext* c, bool sparse, bool ref_output) {
                : ValidateDense<Rule>(known[0], slots, hyper, known[grad_input]);
     if (!error.empty()) return absl::InvalidArgumentError(error);
   }
-  // Partly known: merge what we can.
-  ShapeHandle var = handles[0];
-  for (int i = 1; i <= kSlots; ++i) TF_RETURN_IF_ERROR(c->Merge(var, handles[i], &var));
+  // Partly known: merge what we can; where it cannot fit, the kernels' words with the
+  // shapes as far as they are known ("?" for the rest), in the kernels' order of checks.
+  // (A failed Merge/WithRank clears its output handle: merge into a separate one.)
+  const auto text = [c](ShapeHandle h) { return c->DebugString(h); };
+  ShapeHandle var = handles[0], merged;
+  for (int i = 1; i <= kSlots; ++i) {
+    if (!c->Merge(var, handles[i], &merged).ok()) {
+      return absl::InvalidArgumentError(std::string(Rule::kSlots[i - 1]) +
+                                        " must have the same shape as var: " + text(var) +
+                                        " vs " + text(handles[i]));
+    }
+    var = merged;
+  }
   ShapeHandle unused;
   for (int i = 0; i < kHyper; ++i) {
-    TF_RETURN_IF_ERROR(c->WithRank(handles[1 + kSlots + i], 0, &unused));
+    const ShapeHandle h = handles[1 + kSlots + i];
+    if (!c->WithRank(h, 0, &unused).ok()) {
+      return absl::InvalidArgumentError(std::string(Rule::kHyper[i]) +
+                                        " must be a scalar, got shape " + text(h));
+    }
   }
   ShapeHandle grad = handles[grad_input];
   if (sparse) {
+    if (!c->WithRankAtLeast(var, 1, &merged).ok()) {
+      return absl::InvalidArgumentError("var must be at least 1-D, got shape " + text(var));
+    }
+    var = merged;
     ShapeHandle indices;
-    TF_RETURN_IF_ERROR(c->WithRank(handles.back(), 1, &indices));
-    TF_RETURN_IF_ERROR(c->WithRankAtLeast(grad, 1, &grad));
-    ::tensorflow::shape_inference::DimensionHandle unused_dim;
-    TF_RETURN_IF_ERROR(c->Merge(c->Dim(grad, 0), c->Dim(indices, 0), &unused_dim));
-    ShapeHandle var_inner, grad_inner;
-    TF_RETURN_IF_ERROR(c->WithRankAtLeast(var, 1, &var));
+    if (!c->WithRank(handles.back(), 1, &indices).ok()) {
+      return absl::InvalidArgumentError("indices must be 1-D, got shape " +
+                                        text(handles.back()));
+    }
+    // [N] + var.shape[1:] with N = grad's first dimension if known, else indices' (as the
+    // kernel reports it).
+    ShapeHandle var_inner, expected;
     TF_RETURN_IF_ERROR(c->Subshape(var, 1, &var_inner));
-    TF_RETURN_IF_ERROR(c->Subshape(grad, 1, &grad_inner));
-    TF_RETURN_IF_ERROR(c->Merge(var_inner, grad_inner, &unused));
+    const bool grad_n =
+        c->RankKnown(grad) && c->Rank(grad) >= 1 && c->ValueKnown(c->Dim(grad, 0));
+    const auto n = grad_n ? c->Dim(grad, 0) : c->Dim(indices, 0);
+    TF_RETURN_IF_ERROR(c->Concatenate(c->Vector(n), var_inner, &expected));
+    ShapeHandle grad_inner;
+    if (!c->WithRankAtLeast(grad, 1, &unused).ok() || !c->Subshape(grad, 1, &grad_inner).ok() ||
+        !c->Merge(var_inner, grad_inner, &unused).ok()) {
+      return absl::InvalidArgumentError("grad must have shape [N] + var.shape[1:] = " +
+                                        text(expected) + ", got " + text(grad));
+    }
+    ::tensorflow::shape_inference::DimensionHandle unused_dim;
+    if (!c->Merge(c->Dim(grad, 0), c->Dim(indices, 0), &unused_dim).ok()) {
+      return absl::InvalidArgumentError(
+          "grad and indices must have the same first dimension: " +
+          c->DebugString(c->Dim(grad, 0)) + " vs " + c->DebugString(c->Dim(indices, 0)));
+    }
+  } else if (c->Merge(var, grad, &merged).ok()) {
+    var = merged;
   } else {
-    TF_RETURN_IF_ERROR(c->Merge(var, grad, &var));
+    return absl::InvalidArgumentError("grad must have the same shape as var: " + text(var) +
+                                      " vs " + text(grad));
   }
   if (ref_output) c->set_output(0, var);
   return absl::OkStatus();

@@ -1,10 +1,27 @@
-"""Finds and loads the op library once, with errors a user can act on."""
+"""Finds and loads the op library once, with errors a user can act on.
+
+Every native library of the package (the op library, ``_core``, ``_core_cuda``) is
+checked before it is dlopen'ed: a truncated file (an interrupted copy, a full disk) is
+mapped anyway and the process dies of SIGBUS on the first touch of a missing page, so
+a damaged, empty or foreign file must become an ImportError first. The checks: a
+regular, non-empty 64-bit ELF shared object whose headers and loadable segments lie
+inside the file, and, when ``_build_info.json`` beside it records the file, the size
+and sha256 the build wrote.
+"""
+import hashlib
+import importlib.abc
+import importlib.machinery
 import json
 import os
+import struct
+import sys
 import threading
 
 LIBRARY_NAME = "_fusedopt_ops.so"
 REBUILD_COMMAND = "pip install --no-build-isolation --force-reinstall --no-deps ."
+BAZEL_REBUILD_COMMAND = "tools/bazel_build.sh /path/to/venv/bin/python"
+# Extension modules checked by the import hook below.
+EXTENSIONS = ("fusedopt._core", "fusedopt._core_cuda")
 
 _lock = threading.Lock()
 _library = None
@@ -21,13 +38,106 @@ def build_info(path=None):
     info_path = os.path.join(os.path.dirname(path or library_path()), "_build_info.json")
     try:
         with open(info_path) as f:
-            return json.load(f)
+            info = json.load(f)
     except (OSError, ValueError):
         return {}
+    return info if isinstance(info, dict) else {}
+
+
+def library_record(path):
+    """{"size", "sha256"} of a built library, as the builds record it in _build_info.json."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return {"size": os.path.getsize(path), "sha256": digest.hexdigest()}
+
+
+def rebuild_hint(info):
+    hint = f"rebuild it in this environment with:\n    {REBUILD_COMMAND}"
+    if info.get("build_system") == "bazel":
+        hint += f"\n(or, for this Bazel build: {BAZEL_REBUILD_COMMAND})"
+    return hint
+
+
+_ELF_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")  # Elf64_Ehdr, little-endian
+_PROGRAM_HEADER = struct.Struct("<IIQQQQQQ")  # Elf64_Phdr
+_PT_LOAD, _ET_DYN = 1, 3
+
+
+def _elf_problem(f, size):
+    """Why the open file `f` of `size` bytes is no complete 64-bit ELF shared object."""
+    header = f.read(_ELF_HEADER.size)
+    if len(header) < 4 or header[:4] != b"\x7fELF":
+        return "is not a shared library (no ELF header)"
+    if len(header) < _ELF_HEADER.size:
+        return f"is truncated ({size} bytes: not even a whole ELF header)"
+    (ident, e_type, _, _, _, phoff, shoff, _, _, phentsize, phnum, shentsize,
+     shnum, _) = _ELF_HEADER.unpack(header)
+    if ident[4] != 2 or ident[5] != 1:
+        return "is not a 64-bit little-endian ELF file"
+    if e_type != _ET_DYN:
+        return "is an ELF file but not a shared library"
+    need = max(phoff + phnum * phentsize, shoff + shnum * shentsize if shoff else 0)
+    if phoff + phnum * phentsize <= size and phentsize >= _PROGRAM_HEADER.size:
+        for i in range(phnum):
+            f.seek(phoff + i * phentsize)
+            p_type, _, offset, _, _, filesz, _, _ = _PROGRAM_HEADER.unpack(
+                f.read(_PROGRAM_HEADER.size))
+            if p_type == _PT_LOAD:
+                need = max(need, offset + filesz)
+    if need > size:
+        return f"is truncated ({size} bytes; its ELF headers need at least {need})"
+    return None
+
+
+def library_problem(path, record=None):
+    """Why the native library at `path` must not be loaded (a phrase), or None.
+
+    `record`: {"size", "sha256"} from the build, checked when given.
+    """
+    if not os.path.exists(path):
+        return "is missing"
+    if not os.path.isfile(path):
+        return "is not a regular file"
+    try:
+        size = os.path.getsize(path)
+        if size == 0:
+            return "is empty (0 bytes)"
+        with open(path, "rb") as f:
+            problem = _elf_problem(f, size)
+        if problem:
+            return problem
+        if record:
+            if size != record.get("size"):
+                return f"is {size} bytes but the build wrote {record.get('size')}"
+            if library_record(path)["sha256"] != record.get("sha256"):
+                return ("differs from the file the build wrote (sha256 mismatch: modified or "
+                        "partly overwritten)")
+    except (OSError, struct.error) as e:
+        return f"cannot be read ({e})"
+    return None
+
+
+def recorded(path, info=None):
+    """The build's {"size", "sha256"} for the library at `path`, or None if not recorded."""
+    info = build_info(path) if info is None else info
+    libraries = info.get("libraries")
+    record = libraries.get(os.path.basename(path)) if isinstance(libraries, dict) else None
+    return record if isinstance(record, dict) else None
+
+
+def check_library(path, what):
+    """Raises ImportError (naming the file, the problem and the rebuild command) unless the
+    library at `path` is safe to dlopen."""
+    info = build_info(path)
+    problem = library_problem(path, recorded(path, info))
+    if problem:
+        raise ImportError(f"{what} {path} {problem}; {rebuild_hint(info)}", path=path)
 
 
 def _major_minor(version):
-    return tuple(version.split(".")[:2])
+    return tuple(str(version).split(".")[:2])
 
 
 def _mismatch_error(path, built, running, detail=""):
@@ -58,6 +168,7 @@ def _load():
     if not os.path.exists(path):
         raise ImportError(f"fusedopt's op library is missing ({path}); build it with:\n"
                           f"    {REBUILD_COMMAND}")
+    check_library(path, "fusedopt's op library")
     built = build_info(path).get("tensorflow_version")
     running = tf.__version__
     # Refuse before dlopen: a library built for another TF can fail in obscure ways.
@@ -70,3 +181,31 @@ def _load():
             raise _mismatch_error(path, built, running, str(e).strip()) from e
         raise
     return library
+
+
+class _CheckedExtensionFinder(importlib.abc.MetaPathFinder):
+    """Finds fusedopt's extension modules as Python would, then checks the file before
+    Python dlopens it (see the module docstring)."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in EXTENSIONS:
+            return None
+        what = f"fusedopt's extension module {fullname}:"
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is not None and isinstance(spec.loader, importlib.machinery.ExtensionFileLoader):
+            check_library(spec.origin, what)
+        elif spec is None:
+            # Python skips a non-file where the module should be; say what is there.
+            base = fullname.rpartition(".")[2]
+            for folder in path or ():
+                for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+                    candidate = os.path.join(folder, base + suffix)
+                    if os.path.lexists(candidate):
+                        check_library(candidate, what)
+        return spec
+
+
+def install_import_check():
+    """Puts the extension check in front of Python's own finders (once)."""
+    if not any(isinstance(f, _CheckedExtensionFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _CheckedExtensionFinder())

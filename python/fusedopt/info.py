@@ -1,6 +1,7 @@
 """``python -m fusedopt.info``: what this fusedopt build is and what it registers."""
 import os
 import platform
+import sys
 
 import fusedopt
 from fusedopt import _loader
@@ -35,23 +36,44 @@ def huge_pages_status():
     return f"off (start with GLIBC_TUNABLES={HUGE_PAGES_TUNABLE} for tables of millions of rows)"
 
 
+def _extension_status(name):
+    """'ok (path)' or why fusedopt.<name> does not import (a damaged file is refused)."""
+    import importlib
+
+    try:
+        module = importlib.import_module("fusedopt." + name)
+    except ImportError as e:
+        return "NOT LOADABLE: " + " ".join(str(e).split())
+    return "ok (%s)" % module.__file__
+
+
 def describe():
-    """A dict describing the build, the running TF and the registered kernels."""
+    """A dict describing the build, the running TF and the registered kernels.
+
+    A library that cannot be loaded is reported (``op_library``: why), not raised."""
     import tensorflow as tf
     from tensorflow.python.framework import kernels
 
-    load_library()
+    try:
+        load_library()
+        library_status = "ok"
+    except ImportError as e:
+        library_status = "NOT LOADABLE: " + " ".join(str(e).split())
     ops = {}
-    for rule in RULES:
-        for variant in VARIANTS:
-            name = op_name(rule, variant)
-            devices = sorted({k.device_type for k in kernels.get_registered_kernels_for_op(name).kernel})
-            ops[name] = devices
+    if library_status == "ok":
+        for rule in RULES:
+            for variant in VARIANTS:
+                name = op_name(rule, variant)
+                devices = sorted({k.device_type
+                                  for k in kernels.get_registered_kernels_for_op(name).kernel})
+                ops[name] = devices
     all_devices = {d for devices in ops.values() for d in devices}
     info = _loader.build_info()
     return {
         "fusedopt_version": fusedopt.__version__,
         "library": _loader.library_path(),
+        "op_library": library_status,
+        "core_module": _extension_status("_core"),
         "built_against_tensorflow": info.get("tensorflow_version"),
         "running_tensorflow": tf.__version__,
         "build_system": info.get("build_system"),
@@ -64,6 +86,7 @@ def describe():
 
 
 def main():
+    """Prints the description; exit status 1 when the op library or _core does not load."""
     info = describe()
     for key, value in info.items():
         if key != "ops":
@@ -71,7 +94,8 @@ def main():
     print(f"ops ({len(info['ops'])}):")
     for name, devices in info["ops"].items():
         print(f"  {name:40s} {', '.join(devices)}")
+    return 0 if info["op_library"] == "ok" and info["core_module"].startswith("ok") else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -9,7 +9,7 @@ or ref). Half/bfloat16 compute in float32 and round the result once, like the ke
 import tensorflow as tf
 
 __all__ = ["RULES", "lazy_adam", "adamax", "adagrad", "apply_dense", "apply_sparse",
-           "masked_sparse_update"]
+           "masked_sparse_update", "check_indices"]
 
 
 def _compute_dtype(dtype):
@@ -136,7 +136,8 @@ def apply_sparse(rule, var_variable, slot_variables, grad, indices, **hyper_and_
         return _result([v.assign(x, read_value=False) for v, x in
                         zip([var_variable] + slot_variables, (new_var,) + tuple(new_slots))])
     grad = tf.convert_to_tensor(grad)
-    rows, segments = tf.unique(tf.reshape(indices, [-1]))
+    indices = check_indices(tf.reshape(indices, [-1]), tf.shape(var_variable)[0])
+    rows, segments = tf.unique(indices)
     grad = tf.math.unsorted_segment_sum(
         tf.cast(grad, _compute_dtype(grad.dtype)), segments, tf.shape(rows)[0])
     gathered = [tf.gather(v, rows) for v in [var_variable] + slot_variables]
@@ -154,6 +155,37 @@ def _in_xla_context():
     return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
 
 
+def _index_error(position, value, rows):
+    return "indices[%d] = %d is not in [0, %d)" % (position, value, rows)
+
+
+def check_indices(indices, rows):
+    """`indices` (1-D), once every one is in [0, rows): the ops' rule and message.
+
+    Eagerly it raises InvalidArgumentError at once; in graphs and tf.function the result
+    depends on an Assert, so whatever is computed from it (the update) runs only if all
+    are valid. Under XLA asserts compile to nothing and no error can be raised at run
+    time: there masked_sparse_update writes nothing when an index is bad.
+    """
+    if _in_xla_context():
+        return indices  # string formatting does not compile; the caller masks instead
+    rows = tf.cast(rows, indices.dtype)
+    bad = tf.logical_or(indices < 0, indices >= rows)
+    # The first bad position; len(indices) when there is none (also when empty).
+    first = tf.argmax(tf.cast(tf.concat([bad, [True]], 0), tf.int32), output_type=tf.int64)
+    if tf.executing_eagerly():
+        if bool(tf.reduce_any(bad)):
+            i = int(first)
+            raise tf.errors.InvalidArgumentError(
+                None, None, _index_error(i, int(indices[i]), int(rows)))
+        return indices
+    value = tf.gather(tf.concat([indices, tf.zeros([1], indices.dtype)], 0), first)
+    message = tf.strings.format("indices[{}] = {} is not in [0, {})", (first, value, rows))
+    check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [message])
+    with tf.control_dependencies([check]):
+        return tf.identity(indices)
+
+
 def masked_sparse_update(rule, var, slots, grad, indices, **hyper_and_options):
     """The sparse update as full-size tensors: (new_var, new_slots).
 
@@ -162,14 +194,19 @@ def masked_sparse_update(rule, var, slots, grad, indices, **hyper_and_options):
     but no tf.unique and no scatter: under XLA, tf.unique of indices that are themselves
     dynamically shaped (e.g. already de-duplicated by Keras 2.15) returns padded values
     and a scatter with them undoes updates. apply_sparse uses this form under XLA.
+
+    An index outside [0, rows) raises InvalidArgumentError as the ops do (check_indices);
+    under XLA, which cannot raise, such a call returns var and slots unchanged.
     """
     var = tf.convert_to_tensor(var)
     rows = tf.shape(var)[0]
-    indices = tf.reshape(indices, [-1])
+    indices = check_indices(tf.reshape(indices, [-1]), rows)
+    all_valid = tf.reduce_all(tf.logical_and(indices >= 0, indices < tf.cast(rows, indices.dtype)))
     grad = tf.convert_to_tensor(grad)
     summed = tf.math.unsorted_segment_sum(tf.cast(grad, _compute_dtype(grad.dtype)), indices,
                                           rows)
     touched = tf.math.unsorted_segment_max(tf.ones_like(indices, tf.int32), indices, rows) > 0
+    touched = tf.logical_and(touched, all_valid)  # XLA: a bad index writes nothing
     touched = tf.reshape(touched, tf.concat([[rows], tf.ones([tf.rank(var) - 1], tf.int32)], 0))
     slots = [tf.convert_to_tensor(s) for s in slots]
     new_var, new_slots = _call_rule(rule, var, slots, summed, hyper_and_options)

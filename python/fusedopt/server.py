@@ -22,7 +22,10 @@ Flags (each falls back to ``TF_CONFIG`` when not given):
   --ready_file PATH        write this file (JSON: job, task, target, library) once serving
 
 The library is found as ``fusedopt.ops`` finds it (``$FUSEDOPT_OPS_LIBRARY`` or the one in
-the package). Exit status 2 on bad flags, 1 when the library does not load.
+the package). Exit status (each failure is one line on stderr): 2 for bad flags or a bad
+cluster/TF_CONFIG (wrong JSON shape, an address that is not host:port with a port in
+1..65535, a task index that is not an integer or out of range), 1 when the library does
+not load, 3 when the server cannot start (e.g. its port is in use).
 """
 import argparse
 import json
@@ -47,30 +50,75 @@ def parse_args(argv=None):
     return parser.parse_args(argv)
 
 
+def _json_object(text, what):
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ValueError("%s is not valid JSON: %s" % (what, e)) from e
+    if not isinstance(value, dict):
+        raise ValueError("%s must be a JSON object, got %s" % (what, type(value).__name__))
+    return value
+
+
+def _check_address(address, where):
+    """host:port with a port in 1..65535 (TF would wrap or reject a bad one later)."""
+    if not isinstance(address, str):
+        raise ValueError('%s must be a "host:port" string, got %r' % (where, address))
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError('%s must be "host:port" with a port in 1..65535, got %r'
+                         % (where, address))
+
+
+def _check_cluster(cluster, what):
+    """cluster: {job: ["host:port", ...]}, as TF_CONFIG has it."""
+    if not isinstance(cluster, dict) or not cluster:
+        raise ValueError('%s must be a non-empty object {job: ["host:port", ...]}, got %r'
+                         % (what, cluster))
+    for job, tasks in cluster.items():
+        if not isinstance(tasks, list):
+            raise ValueError('%s: job %r must be a list of "host:port", got %r'
+                             % (what, job, tasks))
+        for index, address in enumerate(tasks):
+            _check_address(address, "%s: job %r task %d" % (what, job, index))
+
+
+def _task_index(value, where):
+    """An integer (or a string of digits, as environment-made JSON has); never truncated."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("%s must be an integer, got %r" % (where, value))
+    return value
+
+
 def resolve(args, environ=None):
-    """(cluster dict, job_name, task_index) from the flags, falling back to TF_CONFIG."""
+    """(cluster dict, job_name, task_index) from the flags, falling back to TF_CONFIG.
+
+    Anything malformed raises ValueError with a one-line message (exit status 2)."""
     environ = os.environ if environ is None else environ
     tf_config = {}
     if environ.get("TF_CONFIG"):
-        try:
-            tf_config = json.loads(environ["TF_CONFIG"])
-        except ValueError as e:
-            raise ValueError("TF_CONFIG is not valid JSON: %s" % e) from e
+        tf_config = _json_object(environ["TF_CONFIG"], "TF_CONFIG")
     task = tf_config.get("task", {})
+    if not isinstance(task, dict):
+        raise ValueError('TF_CONFIG["task"] must be an object {"type": ..., "index": ...}, got %r'
+                         % (task,))
     if args.cluster_spec:
-        try:
-            cluster = json.loads(args.cluster_spec)
-        except ValueError as e:
-            raise ValueError("--cluster_spec is not valid JSON: %s" % e) from e
+        cluster, what = _json_object(args.cluster_spec, "--cluster_spec"), "--cluster_spec"
     else:
-        cluster = tf_config.get("cluster")
+        cluster, what = tf_config.get("cluster"), 'TF_CONFIG["cluster"]'
+    if not cluster:
+        raise ValueError("no cluster: pass --cluster_spec JSON or set TF_CONFIG")
+    _check_cluster(cluster, what)
     job = args.job_name if args.job_name is not None else task.get("type")
     index = args.task_index if args.task_index is not None else task.get("index")
-    if not cluster or not isinstance(cluster, dict):
-        raise ValueError("no cluster: pass --cluster_spec JSON or set TF_CONFIG")
     if job is None or index is None:
         raise ValueError("pass --job_name and --task_index (or TF_CONFIG's task)")
-    index = int(index)
+    if not isinstance(job, str):
+        raise ValueError("the job name must be a string, got %r" % (job,))
+    index = _task_index(index, "task_index" if args.task_index is not None
+                        else 'TF_CONFIG["task"]["index"]')
     if job not in cluster:
         raise ValueError("job %r is not in the cluster %s" % (job, sorted(cluster)))
     if not 0 <= index < len(cluster[job]):
@@ -102,12 +150,22 @@ def start(cluster, job_name, task_index, protocol="grpc"):
                                 task_index=task_index, protocol=protocol, start=True)
 
 
+def _one_line(error):
+    """TF's message without its node/trace decorations, on one line."""
+    text = getattr(error, "message", None) or str(error) or type(error).__name__
+    return " ".join(text.split())
+
+
 def main(argv=None):
     args = parse_args(argv)
     try:
         cluster, job, index = resolve(args)
     except ValueError as e:
         print("fusedopt.server: %s" % e, file=sys.stderr)
+        return 2
+    if args.ready_file and not os.path.isdir(os.path.dirname(os.path.abspath(args.ready_file))):
+        print("fusedopt.server: --ready_file %s: no such directory" % args.ready_file,
+              file=sys.stderr)
         return 2
     if args.log_device_placement:
         if "tensorflow" in sys.modules:
@@ -120,6 +178,11 @@ def main(argv=None):
     except ImportError as e:
         print("fusedopt.server: cannot load the op library: %s" % e, file=sys.stderr)
         return 1
+    except Exception as e:  # noqa: BLE001 - TF's server start errors (port in use, ...)
+        hint = "; is the port in use?" if "Could not start gRPC server" in str(e) else ""
+        print("fusedopt.server: cannot serve /job:%s/task:%d at %s: %s%s"
+              % (job, index, cluster[job][index], _one_line(e), hint), file=sys.stderr)
+        return 3
     from fusedopt import _loader
 
     info = dict(job=job, task=index, target=server.target, library=_loader.library_path(),
