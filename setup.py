@@ -10,6 +10,12 @@ Environment: ``FUSEDOPT_WERROR=1`` turns our own warnings into errors (CI);
 ``FUSEDOPT_XLA=0`` leaves out the XLA kernels (``XLA_SRCS``: the ops then fail inside
 ``jit_compile``); by default they are built, linking ``libtensorflow_cc.so.2``.
 
+``FUSEDOPT_WHEEL_FOR_TF=1`` (``tools/build_wheel.sh``) versions the build for its TensorFlow
+(``0.2.0+tf2.21.cpu``) and pins that TensorFlow minor (see ``wheel_version_and_pin``).
+
+Without TensorFlow, pybind11 or setuptools >= 77 the build stops at once with one message
+saying what to install (``prerequisite_problems``).
+
 ``FUSEDOPT_CUDA=1`` adds the CUDA kernels: nvcc (``$FUSEDOPT_NVCC``, else ``nvcc`` on PATH)
 compiles ``GPU_SRCS`` for sm_80, sm_90 and compute_90 PTX, the op library registers GPU
 kernels too (inert without a GPU: the library still loads in tensorflow-cpu), cudart is
@@ -26,11 +32,59 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from pybind11.setup_helpers import Pybind11Extension
-from setuptools import Extension, setup
-from setuptools.command.build_ext import build_ext
-
 ROOT = os.path.dirname(os.path.abspath(__file__))
+# Commands that compile, hence need TensorFlow (egg_info, dist_info and sdist do not).
+BUILD_COMMANDS = {"build", "build_ext", "bdist_wheel", "install", "develop", "editable_wheel",
+                  "bdist_egg"}
+
+
+def prerequisite_problems(argv):
+    """What this environment lacks for the command in `argv` (phrases; [] when ready)."""
+    problems = []
+    try:
+        import setuptools
+
+        major = int(re.match(r"\d+", setuptools.__version__).group())
+        if major < 77:  # PEP 639 `license = "Apache-2.0"` in pyproject.toml needs 77
+            problems.append(f"setuptools {setuptools.__version__} is too old (needs >= 77)")
+    except (ImportError, AttributeError):
+        problems.append("setuptools is not installed")
+    try:
+        import pybind11  # noqa: F401
+    except ImportError:
+        problems.append("pybind11 is not installed")
+    if BUILD_COMMANDS.intersection(argv[1:]):
+        try:
+            import tensorflow  # noqa: F401
+        except ImportError as e:
+            why = f"TensorFlow is not importable ({e})"
+            if any("pip-build-env" in p for p in sys.path):
+                why += (": pip's build isolation hides the environment's packages, "
+                        "so the build must not be isolated")
+            problems.append(why)
+    return problems
+
+
+def prerequisites_message(problems):
+    return (
+        "fusedopt cannot be built here: " + "; ".join(problems) + ".\n"
+        "fusedopt compiles against the TensorFlow it will run with, so it is built in that "
+        "environment, without pip's build isolation. Install the prerequisites there, "
+        "then build:\n"
+        '    pip install tensorflow-cpu "setuptools>=77" pybind11   '
+        "# or tensorflow; the version you use\n"
+        "    pip install --no-build-isolation .\n"
+        "(a prebuilt wheel for your TensorFlow, from tools/build_wheel.sh, needs none of this)")
+
+
+_problems = prerequisite_problems(sys.argv)
+if _problems:
+    sys.exit(prerequisites_message(_problems))
+
+from pybind11.setup_helpers import Pybind11Extension  # noqa: E402
+from setuptools import Extension, setup  # noqa: E402
+from setuptools.command.build_ext import build_ext  # noqa: E402
+
 OPS_EXT = "fusedopt._fusedopt_ops"
 WARNINGS = ["-Wall", "-Wextra"] + (["-Werror"] if os.environ.get("FUSEDOPT_WERROR") == "1" else [])
 OPT = ["-O3", "-fno-math-errno"]
@@ -75,8 +129,39 @@ def cudart_link_flags(nvcc):
 
 
 def project_version():
-    with open(os.path.join(ROOT, "pyproject.toml")) as f:
-        return re.search(r'^version = "([^"]+)"', f.read(), re.M).group(1)
+    """The release, from fusedopt/__init__.py (its one home: pyproject.toml marks it dynamic)."""
+    with open(os.path.join(ROOT, "python", "fusedopt", "__init__.py")) as f:
+        return re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
+
+
+def loader_module():
+    """python/fusedopt/_loader.py (stdlib only), loaded by path: the wheel's version label and
+    TensorFlow pin come from the same code as the loader's hint naming that wheel."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "_fusedopt_loader", os.path.join(ROOT, "python", "fusedopt", "_loader.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def wheel_version_and_pin(base_version):
+    """For FUSEDOPT_WHEEL_FOR_TF=1 (tools/build_wheel.sh): the version with the TensorFlow
+    the wheel is built for as a local label, and the requirement pinning that TF minor.
+
+    The pin names the distribution installed here (FUSEDOPT_TF_DIST overrides it):
+    tensorflow-cpu and tensorflow install the same `tensorflow` package, and a requirement
+    on the other one would make pip install a second TensorFlow over the first. The two
+    wheels differ only in that pin, so the label tells them apart: +tf2.21 requires
+    tensorflow, +tf2.21.cpu requires tensorflow-cpu.
+    """
+    import tensorflow as tf
+
+    loader = loader_module()
+    dist = os.environ.get("FUSEDOPT_TF_DIST") or loader.tensorflow_distribution(tf.__version__)
+    return (loader.wheel_version(base_version, tf.__version__, dist),
+            loader.tensorflow_requirement(tf.__version__, dist))
 
 
 def sources():
@@ -271,4 +356,9 @@ if CUDA:
         cxx_std=20,
         extra_compile_args=[*OPT, *WARNINGS],
     ))
-setup(ext_modules=extensions, cmdclass={"build_ext": BuildFusedOpt})
+version, requirements = project_version(), ["numpy"]
+if os.environ.get("FUSEDOPT_WHEEL_FOR_TF") == "1":
+    version, pin = wheel_version_and_pin(version)
+    requirements.append(pin)
+setup(version=version, install_requires=requirements, ext_modules=extensions,
+      cmdclass={"build_ext": BuildFusedOpt})

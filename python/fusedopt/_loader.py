@@ -140,13 +140,59 @@ def _major_minor(version):
     return tuple(str(version).split(".")[:2])
 
 
+# Distributions that install the `tensorflow` package, most common first.
+TENSORFLOW_DISTRIBUTIONS = ("tensorflow-cpu", "tensorflow", "tensorflow-intel",
+                            "tensorflow-macos", "tf-nightly-cpu", "tf-nightly")
+
+
+def tensorflow_distribution(tf_version):
+    """The installed distribution whose version is `tf_version` (the running `tensorflow`
+    package's), e.g. "tensorflow-cpu"; "tensorflow" when none is found."""
+    import importlib.metadata
+
+    for name in TENSORFLOW_DISTRIBUTIONS:
+        try:
+            if importlib.metadata.version(name) == tf_version:
+                return name
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return "tensorflow"
+
+
+def wheel_version(base_version, tf_version, distribution):
+    """The version of fusedopt's wheel for a TensorFlow: ``0.2.0+tf2.21`` pins `tensorflow`,
+    ``0.2.0+tf2.21.cpu`` pins `tensorflow-cpu` (tools/build_wheel.sh; see setup.py)."""
+    major, minor = _major_minor(tf_version)
+    return f"{base_version}+tf{major}.{minor}" + (".cpu" if distribution == "tensorflow-cpu"
+                                                   else "")
+
+
+def tensorflow_requirement(tf_version, distribution):
+    """The requirement a wheel built against `tf_version` pins: that minor of `distribution`."""
+    major, minor = (int(x) for x in _major_minor(tf_version))
+    return f"{distribution}>={major}.{minor}.0,<{major}.{minor + 1}"
+
+
+def _wheel_hint(running):
+    """'pip install fusedopt==<the wheel for the running TensorFlow>' (a line)."""
+    import fusedopt
+
+    wheel = wheel_version(fusedopt.__version__.split("+")[0], running,
+                          tensorflow_distribution(running))
+    major_minor = ".".join(_major_minor(running))
+    return (f"or install fusedopt's wheel for TensorFlow {major_minor}:\n"
+            f"    pip install fusedopt=={wheel}\n"
+            f"(tools/build_wheel.sh builds it in an environment with TensorFlow {major_minor})")
+
+
 def _mismatch_error(path, built, running, detail=""):
     built_for = (f"TensorFlow {built}" if built else
                  "another TensorFlow (unknown version: no _build_info.json beside it)")
     return ImportError(
         f"fusedopt's op library {path} was built for {built_for} "
         f"but TensorFlow {running} is running. A custom-op library only loads in the TensorFlow "
-        f"it was compiled against; rebuild it in this environment with:\n    {REBUILD_COMMAND}"
+        f"it was compiled against; rebuild it in this environment with:\n    {REBUILD_COMMAND}\n"
+        + _wheel_hint(running)
         + (f"\n(loader said: {detail})" if detail else ""))
 
 
