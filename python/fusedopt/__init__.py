@@ -1,13 +1,33 @@
 """fusedopt: fused optimizer-update ops for TensorFlow.
 
 ``fusedopt.ops`` holds one wrapper per op (loading the op library on first use);
-``fusedopt.reference`` the same rules in composed TF ops; ``fusedopt._core`` the
-TF-free kernels over NumPy arrays. ``python -m fusedopt.info`` describes the build.
+``fusedopt.keras`` / ``fusedopt.compat.v1`` the optimizer classes; ``fusedopt.estimator``
+multi-tower Estimator training; ``fusedopt.reference`` the same rules in composed TF ops;
+``fusedopt._core`` the TF-free kernels over NumPy arrays. ``python -m fusedopt.info``
+describes the build.
+
+``import fusedopt`` does not import TensorFlow: the subpackages above are imported on first
+attribute access (``fusedopt.keras.LazyAdam`` works after a plain ``import fusedopt``).
 """
-__version__ = "0.1.0"
+import importlib as _importlib
+
+__version__ = "0.2.0"
 
 from fusedopt import _loader
 
 # fusedopt._core / _core_cuda are checked before Python dlopens them (a truncated file
 # would crash the process with SIGBUS instead of raising ImportError).
 _loader.install_import_check()
+
+# PEP 562: subpackages imported when first used, so that `import fusedopt` stays cheap.
+_LAZY_SUBMODULES = ("ops", "keras", "compat", "estimator", "reference")
+
+
+def __getattr__(name):
+    if name in _LAZY_SUBMODULES:
+        return _importlib.import_module(f"{__name__}.{name}")  # also sets the attribute
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES))

@@ -1,11 +1,15 @@
-"""``python -m fusedopt.info``: what this fusedopt build is and what it registers."""
+"""``python -m fusedopt.info``: what this fusedopt build is and what it registers.
+
+It prints every line it can. When TensorFlow, the op library or ``_core`` does not load,
+that line says NOT LOADABLE, and the full error (the loader's message, which says what to
+rebuild or install) follows the lines, on stderr; the exit status is then 1.
+"""
 import os
 import platform
 import sys
 
 import fusedopt
 from fusedopt import _loader
-from fusedopt.ops import RULES, VARIANTS, load_library, op_name
 
 
 HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
@@ -36,65 +40,89 @@ def huge_pages_status():
     return f"off (start with GLIBC_TUNABLES={HUGE_PAGES_TUNABLE} for tables of millions of rows)"
 
 
-def _extension_status(name):
+def _one_line(error):
+    return " ".join(str(error).split())
+
+
+def _extension_status(name, errors):
     """'ok (path)' or why fusedopt.<name> does not import (a damaged file is refused)."""
     import importlib
 
     try:
         module = importlib.import_module("fusedopt." + name)
-    except ImportError as e:
-        return "NOT LOADABLE: " + " ".join(str(e).split())
+    except Exception as e:  # noqa: BLE001 - reported, not raised: that is this command's job
+        errors.append((f"fusedopt.{name}", e))
+        return "NOT LOADABLE: " + _one_line(e)
     return "ok (%s)" % module.__file__
 
 
-def describe():
+def _registered_ops(errors):
+    """{op name: [devices]} for the loaded library, or None (the error appended)."""
+    try:
+        from tensorflow.python.framework import kernels
+
+        from fusedopt.ops import RULES, VARIANTS, load_library, op_name
+
+        load_library()
+        return {op_name(rule, variant):
+                sorted({k.device_type
+                        for k in kernels.get_registered_kernels_for_op(op_name(rule, variant)).kernel})
+                for rule in RULES for variant in VARIANTS}
+    except Exception as e:  # noqa: BLE001 - ImportError from the loader, or TF's own errors
+        errors.append(("fusedopt's op library", e))
+        return None
+
+
+def describe(errors=None):
     """A dict describing the build, the running TF and the registered kernels.
 
-    A library that cannot be loaded is reported (``op_library``: why), not raised."""
-    import tensorflow as tf
-    from tensorflow.python.framework import kernels
-
-    try:
-        load_library()
-        library_status = "ok"
-    except ImportError as e:
-        library_status = "NOT LOADABLE: " + " ".join(str(e).split())
-    ops = {}
-    if library_status == "ok":
-        for rule in RULES:
-            for variant in VARIANTS:
-                name = op_name(rule, variant)
-                devices = sorted({k.device_type
-                                  for k in kernels.get_registered_kernels_for_op(name).kernel})
-                ops[name] = devices
-    all_devices = {d for devices in ops.values() for d in devices}
+    Nothing that fails to load is raised: its entry says NOT LOADABLE, and the exception is
+    appended to `errors` (a list of (what, exception)) when one is given."""
+    errors = [] if errors is None else errors
     info = _loader.build_info()
+    try:
+        import tensorflow as tf
+
+        running = tf.__version__
+    except Exception as e:  # noqa: BLE001 - not installed, or broken
+        errors.append(("TensorFlow", e))
+        running = "NOT LOADABLE: " + _one_line(e)
+    if errors:
+        ops, library_status = None, "not loaded: TensorFlow does not import"
+    else:
+        ops = _registered_ops(errors)
+        library_status = "ok" if ops is not None else "NOT LOADABLE: " + _one_line(errors[-1][1])
+    all_devices = {d for devices in (ops or {}).values() for d in devices}
     return {
         "fusedopt_version": fusedopt.__version__,
         "library": _loader.library_path(),
         "op_library": library_status,
-        "core_module": _extension_status("_core"),
+        "core_module": _extension_status("_core", errors),
         "built_against_tensorflow": info.get("tensorflow_version"),
-        "running_tensorflow": tf.__version__,
+        "running_tensorflow": running,
         "build_system": info.get("build_system"),
         "compiler": info.get("compiler"),
         "cpu_kernels": "CPU" in all_devices,
         "cuda_kernels": "GPU" in all_devices,
         "huge_pages_for_tables": huge_pages_status(),
-        "ops": ops,
+        "ops": ops or {},
     }
 
 
 def main():
-    """Prints the description; exit status 1 when the op library or _core does not load."""
-    info = describe()
+    """Prints the description, then any load error in full; exit status 1 if there was one."""
+    errors = []
+    info = describe(errors)
     for key, value in info.items():
         if key != "ops":
             print(f"{key:26s} {value}")
     print(f"ops ({len(info['ops'])}):")
     for name, devices in info["ops"].items():
         print(f"  {name:40s} {', '.join(devices)}")
-    return 0 if info["op_library"] == "ok" and info["core_module"].startswith("ok") else 1
+    sys.stdout.flush()
+    for what, error in errors:
+        print(f"\n{what} does not load ({type(error).__name__}):\n{error}", file=sys.stderr)
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":
