@@ -1,27 +1,44 @@
 #!/usr/bin/env bash
-# Usage: tools/setup_env.sh {2.21|2.15} [VENV_DIR]
-# Creates (or reuses) a virtual environment with the pinned TensorFlow and the test tools,
-# and prints its python. Default VENV_DIR: .venv-tf221 / .venv-tf215 in the repo root.
+# Usage: tools/setup_env.sh {2.21|2.15} [VENV_DIR] [--demo]
+# Creates (or reuses) a virtual environment with the pinned TensorFlow and prints its python.
+# Default VENV_DIR: .venv-tf221 / .venv-tf215 in the repo root.
+#   default: what the test suite and the benchmark need (test tools; on 2.21 tf_keras and the
+#            benchmark peers torch and matplotlib; on 2.15 tensorflow-estimator and
+#            tensorflow-addons);
+#   --demo:  only what building fusedopt and running `python -m fusedopt.demo` need
+#            (TensorFlow, setuptools, pybind11): tools/run_demo.sh.
 set -euo pipefail
-version=${1:?"usage: tools/setup_env.sh 2.21|2.15 [VENV_DIR]"}
+demo=0
+args=()
+for a in "$@"; do
+  if [[ $a == --demo ]]; then demo=1; else args+=("$a"); fi
+done
+version=${args[0]:-}
+[[ -n $version ]] || { echo "usage: tools/setup_env.sh 2.21|2.15 [VENV_DIR] [--demo]" >&2; exit 2; }
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-venv=${2:-$root/.venv-tf${version/./}}
+venv=${args[1]:-$root/.venv-tf${version/./}}
 base=${FUSEDOPT_BASE_PYTHON:-python3.11}
 command -v "$base" >/dev/null || base=python3
 
-common=(pybind11==3.1.0 pytest==9.2.0 hypothesis==6.170.17 wheel==0.48.0)
+# setuptools >= 77: PEP 639 license metadata (pyproject.toml); torch (benchmark peer) too.
+build=(setuptools==84.2.1 pybind11==3.1.0)
+testing=(pytest==9.2.0 hypothesis==6.170.17 wheel==0.48.0)
 case $version in
-  # setuptools >= 77: what torch (benchmark peer) requires, and PEP 639 license metadata.
-  2.21) packages=(tensorflow-cpu==2.21.0 setuptools==84.2.1 "${common[@]}") ;;
-  # tensorflow-addons 0.23 (the last release, TF 2.13-2.15): its LazyAdam is a benchmark peer.
-  2.15) packages=(tensorflow-cpu==2.15.1 tensorflow-estimator==2.15.0 tensorflow-addons==0.23.0
-                  "typeguard<3" "${common[@]}") ;;
+  2.21) tf=(tensorflow-cpu==2.21.0) ;;
+  2.15) tf=(tensorflow-cpu==2.15.1 tensorflow-estimator==2.15.0) ;;
   *) echo "unsupported TensorFlow version $version (2.21 or 2.15)" >&2; exit 2 ;;
 esac
+packages=("${tf[@]}" "${build[@]}")
+if ((!demo)); then
+  packages+=("${testing[@]}")
+  # tensorflow-addons 0.23 (the last release, TF 2.13-2.15): its LazyAdam is a benchmark peer
+  # and the migration tests' reference (docs/MIGRATING.md).
+  [[ $version == 2.15 ]] && packages+=(tensorflow-addons==0.23.0 "typeguard<3")
+fi
 
 [[ -x $venv/bin/python ]] || "$base" -m venv "$venv" >&2
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "${packages[@]}" >&2
-if [[ $version == 2.21 ]]; then
+if [[ $version == 2.21 ]] && ((!demo)); then
   # torch (CPU build, from the machine's local wheel) and matplotlib: benchmark peers and the
   # plot. A separate call: resolved together with the pins above, pip reports a conflict.
   "$venv/bin/python" -m pip install -q --disable-pip-version-check torch==2.13.0 matplotlib==3.11.2 >&2

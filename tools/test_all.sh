@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine (this is what .ci/run calls):
-#   1. TF 2.21 (Keras 3, tf_keras): built with pip (setup.py), full pytest suite; the CUDA
+#   1. TF 2.21 (Keras 3, tf_keras): the release wheel built (tools/build_wheel.sh: sdist,
+#      then the wheel from it), installed into the TF 2.21 venv and, with
+#      tools/check_wheel.sh, into a clean venv (its op tests); full pytest suite; the CUDA
 #      variant built too (nvcc, no GPU needed) and the CPU op tests run against it; the
 #      GPU harness builds and reports "no GPU: skipped"; an ASan+UBSan build of the op
-#      library and pybind11 module runs the op tests.
+#      library and pybind11 module runs the op tests. Without nvcc the CUDA steps are
+#      skipped with one line saying so.
 #   2. TF 2.15 (+ Estimator): built with Bazel, full pytest suite against that build,
 #      then `bazel test //...`.
 #   3. Each TensorFlow refuses the other's op library with a clear ImportError.
@@ -22,25 +25,37 @@ tools/install_system_deps.sh
 
 section "TF 2.21: environment"
 py221=$(tools/setup_env.sh 2.21)
-section "TF 2.21: pip build"
-tools/build_pip.sh "$py221"
-section "TF 2.21: CUDA build (nvcc; no GPU needed: compile + link only)"
+section "TF 2.21: release wheel (sdist, then the wheel from it; installed into the venv)"
+wheel=$(FUSEDOPT_WERROR=1 tools/build_wheel.sh "$py221" "$root/build/dist" | tail -n 1)
+# With its requirements but --no-index: the TensorFlow pin must be met by the venv's own.
+"$py221" -m pip install -q --disable-pip-version-check --no-index --force-reinstall "$wheel"
+section "TF 2.21: the wheel in a clean venv (tools/check_wheel.sh)"
+tools/check_wheel.sh "$py221" "$wheel"
+# The CUDA steps need nvcc (no GPU): without it, one line and on.
+nvcc=${FUSEDOPT_NVCC:-$(command -v nvcc || true)}
 cuda_pkg=$root/build/cuda-pkg
 rm -rf "$cuda_pkg"
-# FUSEDOPT_XLA=0: the XLA kernels do not depend on the CUDA build (the pip build above has
-# them), and leaving them out here saves CI their slowest compile.
-FUSEDOPT_CUDA=1 FUSEDOPT_XLA=0 FUSEDOPT_WERROR=1 "$py221" -m pip install -q \
-  --disable-pip-version-check --no-build-isolation --no-deps --target "$cuda_pkg" .
+if [[ -n $nvcc ]]; then
+  section "TF 2.21: CUDA build (nvcc; no GPU needed: compile + link only)"
+  # FUSEDOPT_XLA=0: the XLA kernels do not depend on the CUDA build (the wheel above has
+  # them), and leaving them out here saves CI their slowest compile.
+  FUSEDOPT_CUDA=1 FUSEDOPT_XLA=0 FUSEDOPT_WERROR=1 "$py221" -m pip install -q \
+    --disable-pip-version-check --no-build-isolation --no-deps --target "$cuda_pkg" .
+else
+  section "CUDA steps SKIPPED: no nvcc on PATH (FUSEDOPT_NVCC unset): no CUDA build, its op tests or GPU harness build; install the CUDA 13 toolkit to run them"
+fi
 section "TF 2.21: tests"
 (cd tests && "$py221" -m fusedopt.info)
-FUSEDOPT_CUDA_PKG="$cuda_pkg" "$py221" -m pytest -q -p no:cacheprovider -m "not large" tests
+FUSEDOPT_CUDA_PKG="${nvcc:+$cuda_pkg}" "$py221" -m pytest -q -p no:cacheprovider -m "not large" tests
 section "TF 2.21: tests/gpu on the CPU STAND-IN, not a GPU run (proves the test logic and the harness, not the kernels)"
 FUSEDOPT_GPU_STANDIN=1 "$py221" -m pytest -q -p no:cacheprovider tests/gpu
-section "TF 2.21: CPU op tests against the CUDA build (CPU-only TF: GPU kernels inert)"
-(cd tests && PYTHONPATH="$cuda_pkg" "$py221" -m fusedopt.info)
-PYTHONPATH="$cuda_pkg" "$py221" -m pytest -q -p no:cacheprovider tests/test_ops.py tests/test_errors.py
-section "GPU harness (tools/gpu_check.sh: builds, skips without a GPU)"
-tools/gpu_check.sh "$py221"
+if [[ -n $nvcc ]]; then
+  section "TF 2.21: CPU op tests against the CUDA build (CPU-only TF: GPU kernels inert)"
+  (cd tests && PYTHONPATH="$cuda_pkg" "$py221" -m fusedopt.info)
+  PYTHONPATH="$cuda_pkg" "$py221" -m pytest -q -p no:cacheprovider tests/test_ops.py tests/test_errors.py
+  section "GPU harness (tools/gpu_check.sh: builds, skips without a GPU)"
+  tools/gpu_check.sh "$py221"
+fi
 section "TF 2.21: ASan + UBSan build, op tests"
 tools/sanitize.sh "$py221" tests/test_ops.py tests/test_errors.py tests/test_core.py
 
@@ -51,7 +66,7 @@ pkg=$(tools/bazel_build.sh "$py215" | tail -n 1)
 section "TF 2.15: tests against the Bazel build"
 (cd tests && PYTHONPATH="$(dirname "$pkg")" "$py215" -m fusedopt.info)
 # FUSEDOPT_GPU_BUILD: the TF-free CUDA modules built above (same Python), for test_gpu_check.
-PYTHONPATH="$(dirname "$pkg")" FUSEDOPT_GPU_BUILD="$cuda_pkg/fusedopt" "$py215" -m pytest -q \
+PYTHONPATH="$(dirname "$pkg")" FUSEDOPT_GPU_BUILD="${nvcc:+$cuda_pkg/fusedopt}" "$py215" -m pytest -q \
   -p no:cacheprovider -m "not large" tests
 section "TF 2.15: bazel test //..."
 tools/bazel_test.sh "$py215"
