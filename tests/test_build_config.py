@@ -55,8 +55,11 @@ def test_both_builds_read_the_one_source_list():
 
 
 def test_versions_agree():
+    # One home for the version: fusedopt/__init__.py (pyproject.toml: dynamic, from setup.py).
+    with open(os.path.join(ROOT, "python", "fusedopt", "__init__.py")) as f:
+        version = re.search(r'^__version__ = "([^"]+)"', f.read(), re.M).group(1)
     with open(os.path.join(ROOT, "pyproject.toml")) as f:
-        version = re.search(r'^version = "([^"]+)"', f.read(), re.M).group(1)
+        assert re.search(r'^dynamic = \[.*"version"', f.read(), re.M)
     assert fusedopt.__version__ == version
     info = _loader.build_info()
     if info.get("build_system") == "setuptools":
