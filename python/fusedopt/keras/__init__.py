@@ -68,7 +68,35 @@ class LazyAdam(_FusedUpdate, _optimizers.Adam):
 
     Same arguments, variables and dense numbers as ``tf.keras.optimizers.Adam``
     (``amsgrad=True`` runs Keras's own Adam update). With ``tf.IndexedSlices`` gradients
-    only the rows named by the indices are updated, moments included ("lazy" Adam).
+    only the rows named by the indices are updated, moments included ("lazy" Adam)::
+
+        m <- beta_1*m + (1-beta_1)*g;  v <- beta_2*v + (1-beta_2)*g*g
+        var <- var - learning_rate*sqrt(1-beta_2^t)/(1-beta_1^t) * m/(sqrt(v)+epsilon)
+
+    Args:
+      learning_rate: float, ``keras.optimizers.schedules.LearningRateSchedule``, or a
+        callable taking no argument and returning the value (default 0.001).
+      beta_1: decay rate of the first moment ``m`` (float or callable, default 0.9).
+      beta_2: decay rate of the second moment ``v`` (float or callable, default 0.999).
+      epsilon: added to ``sqrt(v)`` ("epsilon hat" of the Adam paper, default 1e-7).
+      amsgrad: whether to use AMSGrad (Keras's own update, not fused; default False).
+      weight_decay: if set, decoupled weight decay (``var -= lr*weight_decay*var``) applied
+        before the update, as in Keras.
+      clipnorm: if set, each gradient is clipped to this norm.
+      clipvalue: if set, each gradient is clipped to ``[-clipvalue, clipvalue]``.
+      global_clipnorm: if set, the gradients are clipped together to this global norm.
+      use_ema: whether to keep an exponential moving average of the weights (Keras's EMA).
+      ema_momentum: momentum of that average (default 0.99).
+      ema_overwrite_frequency: every how many steps the weights are overwritten with their
+        average (None: never; call ``finalize_variable_values()``).
+      loss_scale_factor: Keras 3: the loss is multiplied by it and the gradients divided
+        by it (mixed precision); None: no scaling.
+      gradient_accumulation_steps: Keras 3: apply the mean of this many steps' gradients
+        every this many steps (None: every step).
+      jit_compile: Keras 2.15: compile the update step with XLA (default True; the fused
+        ops have XLA kernels).
+      name: name of the optimizer and of its variables' scope.
+      **kwargs: other keyword arguments of the Keras base optimizer.
     """
 
     def update_step(self, gradient, variable, learning_rate=None):
@@ -88,7 +116,35 @@ class LazyAdam(_FusedUpdate, _optimizers.Adam):
 @_register
 class Adamax(_FusedUpdate, _optimizers.Adamax):
     """Adamax with fused kernels (same arguments, variables and dense numbers as
-    ``tf.keras.optimizers.Adamax``); sparse gradients update only the rows they touch."""
+    ``tf.keras.optimizers.Adamax``); sparse gradients update only the rows they touch::
+
+        m <- beta_1*m + (1-beta_1)*g;  u <- max(beta_2*u, |g|)
+        var <- var - learning_rate/(1-beta_1^t) * m/(u+epsilon)
+
+    Args:
+      learning_rate: float, ``keras.optimizers.schedules.LearningRateSchedule``, or a
+        callable taking no argument and returning the value (default 0.001).
+      beta_1: decay rate of the first moment ``m`` (float or callable, default 0.9).
+      beta_2: decay rate of the infinity norm ``u`` (float or callable, default 0.999).
+      epsilon: added to ``u`` (default 1e-7).
+      weight_decay: if set, decoupled weight decay (``var -= lr*weight_decay*var``) applied
+        before the update, as in Keras.
+      clipnorm: if set, each gradient is clipped to this norm.
+      clipvalue: if set, each gradient is clipped to ``[-clipvalue, clipvalue]``.
+      global_clipnorm: if set, the gradients are clipped together to this global norm.
+      use_ema: whether to keep an exponential moving average of the weights (Keras's EMA).
+      ema_momentum: momentum of that average (default 0.99).
+      ema_overwrite_frequency: every how many steps the weights are overwritten with their
+        average (None: never; call ``finalize_variable_values()``).
+      loss_scale_factor: Keras 3: the loss is multiplied by it and the gradients divided
+        by it (mixed precision); None: no scaling.
+      gradient_accumulation_steps: Keras 3: apply the mean of this many steps' gradients
+        every this many steps (None: every step).
+      jit_compile: Keras 2.15: compile the update step with XLA (default True; the fused
+        ops have XLA kernels).
+      name: name of the optimizer and of its variables' scope.
+      **kwargs: other keyword arguments of the Keras base optimizer.
+    """
 
     def update_step(self, gradient, variable, learning_rate=None):
         dtype = variable.dtype
@@ -104,7 +160,31 @@ class Adamax(_FusedUpdate, _optimizers.Adamax):
 class Adagrad(_FusedUpdate, _optimizers.Adagrad):
     """Adagrad with fused kernels (same arguments, variables and dense numbers as
     ``tf.keras.optimizers.Adagrad``: ``var -= lr*g/sqrt(accumulator + epsilon)``);
-    sparse gradients update only the rows they touch."""
+    sparse gradients update only the rows they touch.
+
+    Args:
+      learning_rate: float, ``keras.optimizers.schedules.LearningRateSchedule``, or a
+        callable taking no argument and returning the value (default 0.001).
+      initial_accumulator_value: starting value of the accumulators (default 0.1).
+      epsilon: added to the accumulator inside the square root (default 1e-7).
+      weight_decay: if set, decoupled weight decay (``var -= lr*weight_decay*var``) applied
+        before the update, as in Keras.
+      clipnorm: if set, each gradient is clipped to this norm.
+      clipvalue: if set, each gradient is clipped to ``[-clipvalue, clipvalue]``.
+      global_clipnorm: if set, the gradients are clipped together to this global norm.
+      use_ema: whether to keep an exponential moving average of the weights (Keras's EMA).
+      ema_momentum: momentum of that average (default 0.99).
+      ema_overwrite_frequency: every how many steps the weights are overwritten with their
+        average (None: never; call ``finalize_variable_values()``).
+      loss_scale_factor: Keras 3: the loss is multiplied by it and the gradients divided
+        by it (mixed precision); None: no scaling.
+      gradient_accumulation_steps: Keras 3: apply the mean of this many steps' gradients
+        every this many steps (None: every step).
+      jit_compile: Keras 2.15: compile the update step with XLA (default True; the fused
+        ops have XLA kernels).
+      name: name of the optimizer and of its variables' scope.
+      **kwargs: other keyword arguments of the Keras base optimizer.
+    """
 
     def update_step(self, gradient, variable, learning_rate=None):
         hyper = dict(lr=self._lr(variable, learning_rate), epsilon=_value(self.epsilon))

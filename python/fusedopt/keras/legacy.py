@@ -70,7 +70,24 @@ class _FusedApply:
 @_register
 class LazyAdam(_FusedApply, _legacy.Adam):
     """Keras 2 ``Adam`` with fused kernels; sparse gradients update only touched rows
-    (moments included). ``amsgrad=True`` runs Keras's own Adam updates."""
+    (moments included). ``amsgrad=True`` runs Keras's own Adam updates.
+
+    Takes ``tfa.optimizers.LazyAdam``'s arguments too, in the same order, and loads
+    models saved with it (``custom_objects={"Addons>LazyAdam": LazyAdam}``;
+    docs/MIGRATING.md). The default name is Keras's ``"Adam"`` (tfa's: ``"LazyAdam"``).
+
+    Args:
+      learning_rate: float, tensor, ``LearningRateSchedule`` or callable returning the
+        value (default 0.001).
+      beta_1: decay rate of the first moment ``m`` (float, tensor or callable; 0.9).
+      beta_2: decay rate of the second moment ``v`` (float, tensor or callable; 0.999).
+      epsilon: added to ``sqrt(v)`` ("epsilon hat" of the Adam paper, default 1e-7).
+      amsgrad: whether to use AMSGrad (Keras's own update, not fused; default False).
+      name: name of the optimizer and of its slot variables' scope.
+      **kwargs: Keras 2's optimizer keywords: ``clipnorm``, ``clipvalue`` and
+        ``global_clipnorm`` (gradient clipping), ``lr`` (old name of ``learning_rate``),
+        ``decay`` (inverse-time decay of the learning rate per step).
+    """
 
     _fused_rule = "lazy_adam"
     _fused_slot_names = ("m", "v")
@@ -96,7 +113,19 @@ class LazyAdam(_FusedApply, _legacy.Adam):
 
 @_register
 class Adamax(_FusedApply, _legacy.Adamax):
-    """Keras 2 ``Adamax`` with fused kernels; sparse gradients update only touched rows."""
+    """Keras 2 ``Adamax`` with fused kernels; sparse gradients update only touched rows.
+
+    Args:
+      learning_rate: float, tensor, ``LearningRateSchedule`` or callable returning the
+        value (default 0.001).
+      beta_1: decay rate of the first moment ``m`` (float, tensor or callable; 0.9).
+      beta_2: decay rate of the infinity norm ``v`` (float, tensor or callable; 0.999).
+      epsilon: added to ``v`` (default 1e-7).
+      name: name of the optimizer and of its slot variables' scope.
+      **kwargs: Keras 2's optimizer keywords: ``clipnorm``, ``clipvalue`` and
+        ``global_clipnorm`` (gradient clipping), ``lr`` (old name of ``learning_rate``),
+        ``decay`` (inverse-time decay of the learning rate per step).
+    """
 
     _fused_rule = "adamax"
     _fused_slot_names = ("m", "v")
@@ -107,7 +136,18 @@ class Adamax(_FusedApply, _legacy.Adamax):
 @_register
 class Adagrad(_FusedApply, _legacy.Adagrad):
     """Keras 2 ``Adagrad`` with fused kernels (``var -= lr*g/(sqrt(acc)+epsilon)``, TF
-    ``ApplyAdagradV2``); sparse gradients update only touched rows."""
+    ``ApplyAdagradV2``); sparse gradients update only touched rows.
+
+    Args:
+      learning_rate: float, tensor, ``LearningRateSchedule`` or callable returning the
+        value (default 0.001).
+      initial_accumulator_value: starting value of the accumulators (default 0.1).
+      epsilon: added to ``sqrt(accumulator)`` (default 1e-7).
+      name: name of the optimizer and of its slot variables' scope.
+      **kwargs: Keras 2's optimizer keywords: ``clipnorm``, ``clipvalue`` and
+        ``global_clipnorm`` (gradient clipping), ``lr`` (old name of ``learning_rate``),
+        ``decay`` (inverse-time decay of the learning rate per step).
+    """
 
     _fused_rule = "adagrad"
     _fused_slot_names = ("accumulator",)
