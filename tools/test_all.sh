@@ -28,7 +28,9 @@ py221=$(tools/setup_env.sh 2.21)
 section "TF 2.21: release wheel (sdist, then the wheel from it; installed into the venv)"
 wheel=$(FUSEDOPT_WERROR=1 tools/build_wheel.sh "$py221" "$root/build/dist" | tail -n 1)
 # With its requirements but --no-index: the TensorFlow pin must be met by the venv's own.
-"$py221" -m pip install -q --disable-pip-version-check --no-index --force-reinstall "$wheel"
+# (Not --force-reinstall: that would reinstall TensorFlow too.)
+"$py221" -m pip uninstall -q -y fusedopt 2>/dev/null || true
+"$py221" -m pip install -q --disable-pip-version-check --no-index "$wheel"
 section "TF 2.21: the wheel in a clean venv (tools/check_wheel.sh)"
 tools/check_wheel.sh "$py221" "$wheel"
 # The CUDA steps need nvcc (no GPU): without it, one line and on.
