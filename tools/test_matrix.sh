@@ -97,7 +97,7 @@ for v in "${versions[@]}"; do
   fi
   say "TF $v: tests"
   rc=0
-  PYTHONPATH="$dir/pkg" "$py" -m pytest -q -p no:cacheprovider "${tests[@]}" \
+  PYTHONPATH="$dir/pkg" "$py" -m pytest -q -rs -p no:cacheprovider "${tests[@]}" \
     >"$dir/tests.log" 2>&1 || rc=$?
   summary=$(grep -E '^=*.* in [0-9.]+s' "$dir/tests.log" | tail -n 1 | sed -E 's/^=+ //; s/ =+$//')
   if ((rc == 0)); then
