@@ -122,23 +122,28 @@ def test_setup_py_versions_and_pins_a_wheel_only_when_asked(tmp_path):
     import tensorflow as tf
 
     src = source_copy(tmp_path)
-    code = ("import runpy, sys, setuptools\n"
-            "setuptools.setup = lambda **kw: print(kw['version'], kw['install_requires'])\n"
-            "sys.argv = ['setup.py', 'egg_info']\n"
-            "runpy.run_path('setup.py')\n")
-    plain = run([sys.executable, "-c", code], cwd=src)
-    env = dict(os.environ, FUSEDOPT_WHEEL_FOR_TF="1")
-    wheel = run([sys.executable, "-c", code], cwd=src, env=env)
-    other = run([sys.executable, "-c", code], cwd=src, env=dict(env, FUSEDOPT_TF_DIST="tensorflow"))
+    # setup.py run as pip runs it (argv egg_info), setup() replaced by a print; then, in the
+    # same process, the wheel build's version and pin for the distribution here and for the
+    # other one (FUSEDOPT_TF_DIST).
+    code = textwrap.dedent("""
+        import os, runpy, sys, setuptools
+        setuptools.setup = lambda **kw: print(kw["version"], kw["install_requires"])
+        sys.argv = ["setup.py", "egg_info"]
+        setup = runpy.run_path("setup.py")
+        print(*setup["wheel_version_and_pin"]("0.2.0"))
+        os.environ["FUSEDOPT_TF_DIST"] = "tensorflow"
+        print(*setup["wheel_version_and_pin"]("0.2.0"))
+    """)
+    proc = run([sys.executable, "-c", code], cwd=src)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plain, here, other = proc.stdout.splitlines()[-3:]
+    assert plain == f"{fusedopt.__version__} ['numpy']"  # pip install . / sdist: no label
     dist = _loader.tensorflow_distribution(tf.__version__)
     major_minor = ".".join(tf.__version__.split(".")[:2])
-    assert plain.stdout.split("\n")[-2] == f"{fusedopt.__version__} ['numpy']", plain.stderr
     label = f"tf{major_minor}" + (".cpu" if dist == "tensorflow-cpu" else "")
-    pin = _loader.tensorflow_requirement(tf.__version__, dist)
-    assert wheel.stdout.split("\n")[-2] == f"{fusedopt.__version__}+{label} ['numpy', '{pin}']"
-    assert other.stdout.split("\n")[-2] == (
-        f"{fusedopt.__version__}+tf{major_minor} "
-        f"['numpy', '{_loader.tensorflow_requirement(tf.__version__, 'tensorflow')}']")
+    assert here == f"0.2.0+{label} {_loader.tensorflow_requirement(tf.__version__, dist)}"
+    assert other == (f"0.2.0+tf{major_minor} "
+                     f"{_loader.tensorflow_requirement(tf.__version__, 'tensorflow')}")
 
 
 def test_running_tensorflow_distribution_is_found():
