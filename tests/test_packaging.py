@@ -327,21 +327,30 @@ def test_install_system_deps_explains_missing_root(tmp_path, sudo, why):
     assert why in proc.stderr and "bazel-bootstrap" in proc.stderr, proc.stderr
     assert "apt-get update && apt-get install -y bazel-bootstrap" in proc.stderr
     assert "apt-get should not run" not in proc.stderr
+    # The demo's pip build needs no Bazel: nothing missing where the headers are there.
+    headers = os.path.exists("/usr/include/highwayhash/sip_hash.h") and \
+        os.path.exists("/usr/include/farmhash.h")
+    demo = run(["bash", os.path.join(ROOT, "tools", "install_system_deps.sh"), "--pip-build"],
+               env={"PATH": str(bin_dir)})
+    assert (demo.returncode == 0) == headers, demo.stderr
+    assert "bazel" not in demo.stderr
 
 
 def test_run_demo_installs_only_the_demo_and_never_builds_with_werror(tmp_path):
     log = tmp_path / "calls.log"
     py = tmp_path / "root" / "fakepython"
     script = _script_sandbox(tmp_path, "run_demo.sh", {"setup_env.sh": f"echo {py}",
-                                                       "build_pip.sh": ""})
+                                                       "build_pip.sh": "",
+                                                       "install_system_deps.sh": ""})
     _stub(py, f'echo "python $*" >> {log}')
     proc = run(["bash", str(script), "--quick"],
                env=dict(os.environ, FUSEDOPT_WERROR="1"))
     assert proc.returncode == 0, proc.stderr
     calls = log.read_text().splitlines()
-    assert calls[0].startswith("setup_env.sh 2.21 --demo")
-    assert calls[1] == f"build_pip.sh {py} WERROR=0"
-    assert calls[2] == "python -m fusedopt.demo --quick"
+    assert calls[0].startswith("install_system_deps.sh --pip-build")
+    assert calls[1].startswith("setup_env.sh 2.21 --demo")
+    assert calls[2] == f"build_pip.sh {py} WERROR=0"
+    assert calls[3] == "python -m fusedopt.demo --quick"
 
 
 def test_demo_environment_lists_only_what_the_demo_needs(tmp_path):
