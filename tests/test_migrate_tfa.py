@@ -11,6 +11,8 @@ by tests/tfa_fixture.py and checked against tfa on TF 2.15 here) moves to Keras 
 Each test runs in one of CI's two environments and is skipped in the other.
 """
 import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -95,14 +97,23 @@ def tfa_trained(tmp_path_factory):
     return dict(paths, x=x, y=y, before=before, after=model.get_weights())
 
 
-def _continue(model, tfa_trained):
-    from fusedopt.keras import legacy as fl
+def continue_in_fresh_process(path, optimizer, tmp_path):
+    """tfa_fixture.continue_training in a new interpreter that never imports tfa, as a
+    migrated program would run (with tfa imported, Keras 2 resolves "Addons>LazyAdam" from
+    its global registry before custom_objects: test_with_tfa_imported_keras2_loads_tfas_class)."""
+    out = str(tmp_path / f"continued_{optimizer}.npz")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    proc = subprocess.run([sys.executable, fx.__file__, "continue", path, optimizer, out],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return fx.load_continued(out)
 
-    assert type(model.optimizer) is fl.LazyAdam
-    assert int(model.optimizer.iterations.numpy()) == fx.FIRST_STEPS  # state came along
-    assert_same_weights(model.get_weights(), tfa_trained["before"])
-    fx.fit(model, tfa_trained["x"], tfa_trained["y"])
-    after = model.get_weights()
+
+def check_continues_as_tfa(model_optimizer, iterations, before, after, tfa_trained):
+    assert model_optimizer == "fusedopt.keras.legacy.LazyAdam"
+    assert iterations == fx.FIRST_STEPS  # the optimizer's state came along
+    assert_same_weights(before, tfa_trained["before"])
     assert_same_weights(after, tfa_trained["after"])
     # Lazy like tfa: embedding rows no batch named (8..11) never moved.
     np.testing.assert_array_equal(after[0][8:], tfa_trained["before"][0][8:])
@@ -110,12 +121,22 @@ def _continue(model, tfa_trained):
 
 @needs_tfa
 @pytest.mark.parametrize("form", ["h5", "savedmodel"])
-def test_tfa_model_loads_with_custom_objects_and_continues_as_tfa(tfa_trained, form):
+def test_tfa_model_loads_with_custom_objects_and_continues_as_tfa(tfa_trained, form, tmp_path):
+    check_continues_as_tfa(*continue_in_fresh_process(tfa_trained[form], "fusedopt", tmp_path),
+                           tfa_trained)
+
+
+@needs_tfa
+def test_with_tfa_imported_keras2_loads_tfas_class(tfa_trained):
+    # The caveat in docs/MIGRATING.md: Keras 2's load_model merges its global registry over
+    # custom_objects (and custom_object_scope), so in a process that imported tfa,
+    # "Addons>LazyAdam" stays tfa's class. Migrated code must not import tfa.
     from fusedopt.keras import legacy as fl
 
-    model = tf.keras.models.load_model(tfa_trained[form],
-                                       custom_objects={"Addons>LazyAdam": fl.LazyAdam})
-    _continue(model, tfa_trained)
+    with tf.keras.utils.custom_object_scope({"Addons>LazyAdam": fl.LazyAdam}):
+        model = tf.keras.models.load_model(
+            tfa_trained["h5"], custom_objects={"Addons>LazyAdam": fl.LazyAdam})
+    assert type(model.optimizer) is tfa.optimizers.LazyAdam
 
 
 @needs_tfa
@@ -127,17 +148,21 @@ def test_tfa_checkpoint_restores_into_fusedopt_and_continues_as_tfa(tfa_trained)
     status = tf.train.Checkpoint(model=model, optimizer=model.optimizer).read(
         tfa_trained["checkpoint"])
     status.assert_existing_objects_matched()
-    _continue(model, tfa_trained)
+    before = model.get_weights()
+    fx.fit(model, tfa_trained["x"], tfa_trained["y"])
+    status.assert_consumed()  # step count and slots restored as the first step made them
+    check_continues_as_tfa("fusedopt.keras.legacy.LazyAdam",
+                           int(model.optimizer.iterations.numpy()) - fx.CONTINUE_STEPS,
+                           before, model.get_weights(), tfa_trained)
 
 
 @needs_tfa
-def test_keras_adam_would_not_continue_as_tfa(tfa_trained):
+def test_keras_adam_would_not_continue_as_tfa(tfa_trained, tmp_path):
     # What the comparisons above can tell apart: the non-lazy Keras Adam moves rows that no
     # batch names (their moments are nonzero), so its weights differ from tfa's.
-    model = tf.keras.models.load_model(
-        tfa_trained["h5"], custom_objects={"Addons>LazyAdam": tf.keras.optimizers.legacy.Adam})
-    fx.fit(model, tfa_trained["x"], tfa_trained["y"])
-    assert_not_same_weights(model.get_weights(), tfa_trained["after"])
+    optimizer, _, _, after = continue_in_fresh_process(tfa_trained["h5"], "keras_adam", tmp_path)
+    assert optimizer.endswith(".Adam")
+    assert_not_same_weights(after, tfa_trained["after"])
 
 
 @needs_tfa

@@ -8,6 +8,8 @@
 tests/data/tfa_lazy_adam/ holds the committed copy that the Keras 3 test (TF 2.21, no tfa)
 continues from; test_migrate_tfa.py regenerates it on TF 2.15 and checks it is unchanged.
 
+``python tests/tfa_fixture.py continue PATH fusedopt|keras_adam OUT``: continue_training.
+
 The model has an Embedding (sparse gradients: LazyAdam touches only the rows of a batch)
 and Dense layers; ids are drawn from part of the table so that many rows stay untouched.
 """
@@ -69,5 +71,38 @@ def expected_weights(directory):
         return f["x"], f["y"], [f[f"weight_{i}"] for i in range(count)]
 
 
+def continue_training(path, optimizer, out):
+    """Loads the Keras 2 model at `path` (.h5 or SavedModel) the way docs/MIGRATING.md says,
+    in a process that never imported tfa (a migrated program), with "Addons>LazyAdam" mapped
+    to `optimizer` ("fusedopt": fusedopt.keras.legacy.LazyAdam, "keras_adam": Keras's
+    non-lazy legacy Adam), trains CONTINUE_STEPS steps on data(2) and saves to `out` the
+    optimizer's class and step count and the weights before and after."""
+    import tensorflow as tf
+
+    from fusedopt.keras import legacy
+
+    classes = {"fusedopt": legacy.LazyAdam, "keras_adam": tf.keras.optimizers.legacy.Adam}
+    model = tf.keras.models.load_model(path, custom_objects={"Addons>LazyAdam":
+                                                             classes[optimizer]})
+    assert "tensorflow_addons" not in sys.modules
+    loaded = type(model.optimizer)
+    iterations = int(model.optimizer.iterations.numpy())
+    before = model.get_weights()
+    fit(model, *data(2, CONTINUE_STEPS))
+    np.savez(out, optimizer=f"{loaded.__module__}.{loaded.__name__}", iterations=iterations,
+             **{f"before_{i}": w for i, w in enumerate(before)},
+             **{f"after_{i}": w for i, w in enumerate(model.get_weights())})
+
+
+def load_continued(out):
+    with np.load(out) as f:
+        count = len([k for k in f.files if k.startswith("after_")])
+        return (str(f["optimizer"]), int(f["iterations"]),
+                [f[f"before_{i}"] for i in range(count)], [f[f"after_{i}"] for i in range(count)])
+
+
 if __name__ == "__main__":
-    make(sys.argv[1])
+    if sys.argv[1] == "continue":
+        continue_training(*sys.argv[2:5])
+    else:
+        make(sys.argv[1])
