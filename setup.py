@@ -22,6 +22,7 @@ kernels too (inert without a GPU: the library still loads in tensorflow-cpu), cu
 linked statically (no libcudart.so dependency), and ``fusedopt._core_cuda`` (the CUDA
 engine on device arrays) is built as well.
 """
+import glob
 import hashlib
 import json
 import os
@@ -180,6 +181,43 @@ def tensorflow_flags():
     return tf.__version__, compile_flags, list(tf.sysconfig.get_link_flags())
 
 
+def xla_flags(tf_compile_flags):
+    """Extra flags for the XLA kernels TU (XLA_SRCS), which includes XLA's headers.
+
+    * -DNDEBUG, as TensorFlow itself is built: XLA's inline functions compiled here keep no
+      DCHECKs, whose absl logging instantiations TF 2.18 does not export (undefined symbol
+      at load).
+    * TF 2.19's wheel: xla/stream_executor/gpu/tma_metadata.h includes LLVM's
+      llvm/ADT/ArrayRef.h and SmallVector.h, which the wheel does not ship. They declare a
+      class fusedopt never uses, so the system's LLVM headers do ($FUSEDOPT_LLVM_INCLUDE,
+      else `llvm-config --includedir`, else /usr/lib/llvm-*/include), searched after TF's
+      own; ABI-breaking-check enforcement off, so nothing references an LLVM symbol.
+    """
+    flags = ["-DNDEBUG"]
+    include = next((f[len("-isystem"):] for f in tf_compile_flags if f.startswith("-isystem")),
+                   None)
+    tma = os.path.join(include or "", "xla", "stream_executor", "gpu", "tma_metadata.h")
+    if not include or not os.path.exists(tma):
+        return flags
+    with open(tma) as f:
+        if '"llvm/ADT/ArrayRef.h"' not in f.read():
+            return flags
+    if os.path.exists(os.path.join(include, "llvm", "ADT", "ArrayRef.h")):
+        return flags
+    candidates = [os.environ.get("FUSEDOPT_LLVM_INCLUDE", "")]
+    if shutil.which("llvm-config"):
+        candidates.append(subprocess.run(["llvm-config", "--includedir"], capture_output=True,
+                                         text=True).stdout.strip())
+    candidates += sorted(glob.glob("/usr/lib/llvm-*/include"), reverse=True)
+    for candidate in candidates:
+        if candidate and os.path.exists(os.path.join(candidate, "llvm", "ADT", "ArrayRef.h")):
+            return flags + ["-idirafter", candidate, "-DLLVM_DISABLE_ABI_BREAKING_CHECKS_ENFORCING=1"]
+    sys.exit(f"{tma} includes LLVM's llvm/ADT/ArrayRef.h, which this TensorFlow wheel does not "
+             "ship (TF 2.19). Install LLVM's headers (Debian: apt-get install llvm-dev) or set "
+             "FUSEDOPT_LLVM_INCLUDE=DIR (holding llvm/ADT/ArrayRef.h), or build without the XLA "
+             "kernels: FUSEDOPT_XLA=0")
+
+
 def tensorflow_lib_dir():
     import tensorflow as tf
 
@@ -266,9 +304,11 @@ class BuildFusedOpt(build_ext):
         if CUDA:
             flags.append("-DFUSEDOPT_CUDA=1")  # GPU registrations (host code: no CUDA headers)
 
+        extra = {src: xla_flags(tf_compile) for src in lists["XLA_SRCS"]} if XLA else {}
+
         def compile_one(src):
             obj = os.path.join(obj_dir, os.path.basename(src) + ".o")
-            run([cxx, *flags, "-c", os.path.join(ROOT, src), "-o", obj])
+            run([cxx, *flags, *extra.get(src, []), "-c", os.path.join(ROOT, src), "-o", obj])
             return obj
 
         gpu_objects, gpu_link = [], []

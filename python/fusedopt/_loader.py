@@ -223,9 +223,16 @@ def _load():
     try:
         library = tf.load_op_library(path)
     except tf.errors.NotFoundError as e:
-        if "undefined symbol" in str(e):
-            raise _mismatch_error(path, built, running, str(e).strip()) from e
-        raise
+        if "undefined symbol" not in str(e):
+            raise
+        if built:  # built for this TensorFlow: a symbol it does not export, not a mismatch
+            raise ImportError(
+                f"fusedopt's op library {path} was built for TensorFlow {built} and does not "
+                f"load in TensorFlow {running}: it needs a symbol that TensorFlow does not "
+                f"export (not a version mismatch). Please report "
+                f"it with `python -m fusedopt.info`'s output.\n(loader said: {str(e).strip()})"
+            ) from e
+        raise _mismatch_error(path, built, running, str(e).strip()) from e
     return library
 
 
