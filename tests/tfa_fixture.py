@@ -84,6 +84,10 @@ def continue_training(path, optimizer, out):
     classes = {"fusedopt": legacy.LazyAdam, "keras_adam": tf.keras.optimizers.legacy.Adam}
     model = tf.keras.models.load_model(path, custom_objects={"Addons>LazyAdam":
                                                              classes[optimizer]})
+    if os.path.isdir(path):
+        # Keras 2.15's load_model of a SavedModel leaves the optimizer's state behind (with
+        # tfa's class too); the SavedModel's variables, read as weights, bring it back.
+        model.load_weights(os.path.join(path, "variables", "variables")).expect_partial()
     assert "tensorflow_addons" not in sys.modules
     loaded = type(model.optimizer)
     iterations = int(model.optimizer.iterations.numpy())
