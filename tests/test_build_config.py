@@ -29,7 +29,7 @@ def read_sources():
 
 
 SOURCE_LISTS = ("CORE_HDRS", "GPU_HDRS", "GPU_CUDA_HDRS", "GPU_SRCS", "TF_HDRS", "TF_SRCS",
-                "PYBIND_HDRS", "PYBIND_SRCS", "PYBIND_CUDA_SRCS")
+                "XLA_HDRS", "XLA_SRCS", "PYBIND_HDRS", "PYBIND_SRCS", "PYBIND_CUDA_SRCS")
 
 
 def test_every_cc_file_is_in_the_one_source_list():
@@ -71,15 +71,15 @@ def test_build_info_names_the_running_tensorflow():
     assert info["build_system"] in ("setuptools", "bazel")
 
 
-def test_python_rule_table_matches_the_cpp_rules():
-    assert _core.rules() == ops.RULES
+def test_python_rule_table_is_the_cpp_rules():
+    assert ops.RULES == _core.rules()  # generated from it (test_registry.py checks the rest)
 
 
-def test_info_command_lists_all_twelve_ops_with_cpu_kernels():
+def test_info_command_lists_every_op_with_cpu_kernels():
     out = subprocess.run([sys.executable, "-m", "fusedopt.info"], capture_output=True,
                          text=True, check=True).stdout
     names = re.findall(r"^\s+(FusedOpt>\w+)\s+(.*)$", out, re.M)
-    assert len(names) == 12
+    assert len(names) == 4 * len(_core.rules()) >= 12
     assert all("CPU" in devices for _, devices in names)
     assert re.search(r"^cpu_kernels\s+True$", out, re.M)
     assert re.search(r"^running_tensorflow\s+\d+\.\d+", out, re.M)

@@ -181,15 +181,16 @@ def arrays(c):
 
 
 def _dense_ref(c, var, slots, grad, ftype=np.float64):
-    """npref.dense_update's math (npref._MATH) with NumPy hyper-parameters of `ftype`:
+    """npref.dense_update's math (the rule's oracle) with NumPy hyper-parameters of `ftype`:
     npref converts them to Python floats, which raise ZeroDivisionError (e.g. adamax with
     beta1_power == 1) where the kernels (and NumPy) give Inf/NaN. With ftype=float32 this
     is the same formula evaluated in the kernels' compute type for half/bfloat16/float."""
     h = {k: ftype(v) for k, v in c["hyper"].items()}
     opts = dict(RULES[c["rule"]]["options"], **c["options"])
     with np.errstate(all="ignore"):
-        return npref._MATH[c["rule"]](np.array(var, ftype), *[np.array(s, ftype) for s in slots],
-                                      np.array(grad, ftype), h, opts)
+        return npref.ORACLES[c["rule"]].update(np.array(var, ftype),
+                                               [np.array(s, ftype) for s in slots],
+                                               np.array(grad, ftype), h, opts)
 
 
 def expected(c, var, slots, grad, ftype=np.float64):

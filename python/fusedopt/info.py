@@ -5,7 +5,6 @@ import sys
 
 import fusedopt
 from fusedopt import _loader
-from fusedopt.ops import RULES, VARIANTS, load_library, op_name
 
 
 HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
@@ -55,15 +54,15 @@ def describe():
     from tensorflow.python.framework import kernels
 
     try:
-        load_library()
+        from fusedopt import ops as fused_ops  # loads the op library (and reads _core's rules)
         library_status = "ok"
     except ImportError as e:
         library_status = "NOT LOADABLE: " + " ".join(str(e).split())
     ops = {}
     if library_status == "ok":
-        for rule in RULES:
-            for variant in VARIANTS:
-                name = op_name(rule, variant)
+        for rule in fused_ops.RULES:
+            for variant in fused_ops.VARIANTS:
+                name = fused_ops.op_name(rule, variant)
                 devices = sorted({k.device_type
                                   for k in kernels.get_registered_kernels_for_op(name).kernel})
                 ops[name] = devices

@@ -4,8 +4,8 @@
 #define FUSEDOPT_CC_CORE_RULES_ALL_RULES_H_
 
 #include "cc/core/rules/adagrad.h"
+#include "cc/core/rules/adam.h"
 #include "cc/core/rules/adamax.h"
-#include "cc/core/rules/lazy_adam.h"
 
 namespace fusedopt {
 
@@ -18,7 +18,7 @@ struct RuleList {
   }
 };
 
-using AllRules = RuleList<LazyAdamRule, AdamaxRule, AdagradRule>;
+using AllRules = RuleList<AdamRule, AdamaxRule, AdagradRule>;
 
 }  // namespace fusedopt
 
