@@ -98,8 +98,9 @@ def hyper_st(draw, rule, dtype):
     for name in RULES[rule]["hyper"]:
         if draw(st.integers(0, 24)) == 7:  # ~4% each (not 0: hypothesis favours 0)
             h[name] = draw(st.sampled_from(SPECIAL + [1.0, -1.0, 2.0]))
-        else:
-            h[name] = draw(st.sampled_from(_NORMAL_HYPER[name]))
+        else:  # names of other rules: their oracle's value and a few around it
+            base = npref.ORACLES[rule].BASE_HYPER.get(name, 0.5)
+            h[name] = draw(st.sampled_from(_NORMAL_HYPER.get(name, [base, 0.0, 1.0, 2 * base])))
     return npref.round_hyper(h, dtype)
 
 
