@@ -15,6 +15,7 @@ CORE_HDRS = [
     "cc/core/rules/adam.h",
     "cc/core/rules/adamax.h",
     "cc/core/rules/adagrad.h",
+    "cc/core/rules/rms_prop.h",
     "cc/core/rules/all_rules.h",
 ]
 
@@ -42,6 +43,7 @@ TF_SRCS = [
     "cc/tf/adam.cc",
     "cc/tf/adamax.cc",
     "cc/tf/adagrad.cc",
+    "cc/tf/rms_prop.cc",
 ]
 
 # Layer 2, XLA: kernels for the resource ops inside jit_compile (HLO from the rules through

@@ -6,6 +6,7 @@
 #include "cc/core/rules/adagrad.h"
 #include "cc/core/rules/adam.h"
 #include "cc/core/rules/adamax.h"
+#include "cc/core/rules/rms_prop.h"
 
 namespace fusedopt {
 
@@ -18,7 +19,7 @@ struct RuleList {
   }
 };
 
-using AllRules = RuleList<AdamRule, AdamaxRule, AdagradRule>;
+using AllRules = RuleList<AdamRule, AdamaxRule, AdagradRule, RmsPropRule>;
 
 }  // namespace fusedopt
 
