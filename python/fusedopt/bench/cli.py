@@ -10,7 +10,7 @@ import time
 from fusedopt.bench import dense, libraries, memory, sparse
 from fusedopt.bench.aims import aims
 from fusedopt.bench.config import THREADS, sizes
-from fusedopt.bench.report import markdown, plot
+from fusedopt.bench.report import CONTENDER_TABLES, markdown, plot
 
 SCENARIOS = ("sparse", "sparse_xla", "dense", "scaling", "bandwidth", "many_small")
 
@@ -87,8 +87,8 @@ def save(results, out):
 
 def mismatches(results):
     """The contenders whose numbers differ from their fusedopt oracle's."""
-    found = [(block, rule, name) for block in ("sparse", "dense")
-             for rule, rows in results.get(block, {}).items() for name, r in rows.items()
+    found = [(block, table, name) for _, block in CONTENDER_TABLES
+             for table, rows in results.get(block, {}).items() for name, r in rows.items()
              if not name.startswith("_") and not r["match"]]
     return found + [("many_small", name) for name, r in results.get("many_small", {}).items()
                     if not r["match"]]
