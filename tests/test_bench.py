@@ -81,5 +81,5 @@ def test_memory_bandwidth_probe_validates_and_measures():
         assert 0 < _core.memory_bandwidth(kernel, 4096, 2, 2) < 1e5
     with pytest.raises(ValueError, match="kernel must be"):
         _core.memory_bandwidth("scale", 4096)
-    with pytest.raises(ValueError, match="n >= 16"):
+    with pytest.raises(ValueError, match=r"16 \* num_threads <= n"):
         _core.memory_bandwidth("copy", 8, 1, 1)
