@@ -11,6 +11,7 @@ reproduce (its oracle; the scenario modules define them):
 - dense scenario: "tf" (fusedopt's dense op in TF's form), "keras" (with
   ``keras_options``), "torch" (with ``torch_hyper``).
 """
+import functools
 from typing import Callable, NamedTuple, Optional
 
 from fusedopt.bench import libraries
@@ -43,6 +44,16 @@ class RuleContenders(NamedTuple):
     def tf_kernel_variables(self, var, slots):
         """The variable inputs of TF's own kernels (tf.raw_ops), by their names."""
         return {"var": var.handle, **{name: slot.handle for name, slot in zip(self.slots, slots)}}
+
+
+def add_optimizer(contenders, entry, build, suffix=""):
+    """contenders[entry.name + suffix] = (make, semantics) where there is such an entry and
+    its library is installed; make = build(make_optimizer[, batches]) -> (step, variable)."""
+    module = entry and entry.library()
+    if module is not None:
+        make_optimizer = functools.partial(entry.make, module)
+        contenders[entry.name + suffix] = (functools.partial(build, make_optimizer),
+                                           entry.semantics)
 
 
 def adam_hyper(t):

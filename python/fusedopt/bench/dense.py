@@ -5,8 +5,7 @@ import gc
 import numpy as np
 
 from fusedopt.bench import libraries
-from fusedopt.bench.contenders import RULES
-from fusedopt.bench.sparse import add_optimizer
+from fusedopt.bench.contenders import RULES, add_optimizer
 from fusedopt.bench.timing import check_and_time, cycling, quiet_function
 
 

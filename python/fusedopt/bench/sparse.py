@@ -6,7 +6,7 @@ import os
 import numpy as np
 
 from fusedopt.bench import libraries
-from fusedopt.bench.contenders import RULES
+from fusedopt.bench.contenders import RULES, add_optimizer
 from fusedopt.bench.timing import check_and_time, cycling, quiet_function
 
 XLA_RULE = "lazy_adam"  # the rule of the "sparse step under XLA" scenario
@@ -144,16 +144,6 @@ class SparseSteps:
             opt.step()
         return cycling(update, [(torch.from_numpy(i), torch.from_numpy(g))
                                 for i, g in batches]), emb.weight
-
-
-def add_optimizer(contenders, entry, build, suffix=""):
-    """contenders[entry.name + suffix] = (make, semantics) where there is such an entry and
-    its library is installed; `build(make_optimizer, batches)` builds its step."""
-    module = entry and entry.library()
-    if module is not None:
-        make_optimizer = functools.partial(entry.make, module)
-        contenders[entry.name + suffix] = (functools.partial(build, make_optimizer),
-                                           entry.semantics)
 
 
 def rule_contenders(tf, problem, rule):
