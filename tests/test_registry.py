@@ -94,3 +94,14 @@ def test_cuda_module_knows_the_same_rules():
         sys.path.insert(0, os.path.join(pkg, "fusedopt"))
         _core_cuda = importlib.import_module("_core_cuda")
     assert _core_cuda.rules() == RULES
+
+
+def test_benchmark_has_every_rule():
+    """python -m fusedopt.bench measures every rule against its peers (bench/contenders.py
+    names the peers; the rule's slots must be the registry's)."""
+    from fusedopt.bench.contenders import RULES as BENCH
+
+    assert set(BENCH) == set(RULES)
+    for rule, entry in BENCH.items():
+        assert list(entry.slots) == RULES[rule]["slots"]
+        assert set(entry.hyper(1)) == set(RULES[rule]["hyper"])

@@ -75,6 +75,13 @@ def adagrad_hyper(t):
     return dict(lr=LR, epsilon=EPS)
 
 
+RMS_RHO, RMS_MOMENTUM = 0.9, 0.9
+
+
+def rms_prop_hyper(t):
+    return dict(lr=LR, rho=RMS_RHO, momentum=RMS_MOMENTUM, epsilon=EPS)
+
+
 def _torch_adam(variant):
     return Optimizer(f"torch Adam ({variant})", "torch", libraries.torch,
                      lambda torch, parameters: torch.optim.Adam(
@@ -120,4 +127,12 @@ RULES = {
         keras_options={"epsilon_inside_sqrt": True},
         tf_dense_kernel="ResourceApplyAdagradV2",
         tf_sparse_kernel="ResourceSparseApplyAdagradV2"),
+    "rms_prop": RuleContenders(
+        slots=("ms", "mom"), slot_init=0.0, hyper=rms_prop_hyper,
+        keras=Optimizer("tf.keras RMSprop", "dense", libraries.tensorflow,
+                        lambda tf: tf.keras.optimizers.RMSprop(LR, RMS_RHO, RMS_MOMENTUM, EPS)),
+        tf_dense_kernel="ResourceApplyRMSProp",
+        tf_sparse_kernel="ResourceSparseApplyRMSProp",
+        fusedopt_keras=Optimizer("fusedopt.keras.RMSprop", "lazy", libraries.fusedopt_keras,
+                                 lambda fk: fk.RMSprop(LR, RMS_RHO, RMS_MOMENTUM, EPS))),
 }
