@@ -44,8 +44,7 @@ MODES = ["graph_ref", "eager", "function", "graph_resource"]
 BASE_HYPER = {rule: oracle.BASE_HYPER for rule, oracle in npref.ORACLES.items()}
 
 
-def np_dtype(dtype):
-    return npref.np_dtype(dtype)
+np_dtype = npref.np_dtype
 
 
 def hyper_for(rule, dtype, step):

@@ -308,3 +308,17 @@ def test_info_command_reports_a_damaged_library(tmp_path, library):
     assert line and line.group(1).startswith("NOT LOADABLE:"), _describe(proc)
     assert str(package / name) in line.group(1) and "is truncated" in line.group(1)
     assert "Traceback" not in proc.stderr, _describe(proc)
+
+
+def test_nvcc_settings_are_written_once():
+    """setup.py, BUILD and tools/gpu_check.sh read cc/core/gpu/nvcc_flags.txt: no other
+    file spells an nvcc flag or an architecture list."""
+    one_place = os.path.join("cc", "core", "gpu", "nvcc_flags.txt")
+    for path in ("setup.py", "BUILD", os.path.join("tools", "gpu_check.sh")):
+        with open(os.path.join(ROOT, path)) as f:
+            text = f.read()
+        assert "nvcc_flags.txt" in text, path
+        assert "--fmad=false" not in text.replace("# --fmad", ""), path
+        assert "sm_80" not in text and "compute_90" not in text, path
+    with open(os.path.join(ROOT, one_place)) as f:
+        assert "--fmad=false" in f.read()

@@ -48,8 +48,7 @@ SHAPE = (6, 3)
 STEPS = 3
 
 
-def np_dtype(name):
-    return DTYPES[name].as_numpy_dtype
+np_dtype = npref.np_dtype
 
 
 def is_resource(variable):
@@ -172,9 +171,10 @@ def run(mode, make_opt, var0s, steps, rule):
         t.close()
 
 
-def tolerance(dtype):
-    # TF's own kernels compute half in half (per-op rounding); ours in float32 rounding
-    # once, so half gets a few-ulp allowance; float/double differ by operation order.
+def tf_kernel_tolerance(dtype):
+    """Against TF's own optimizers (the NumPy oracle's is npref.tolerance): TF's kernels
+    compute half in half (per-op rounding), ours in float32 rounding once, so half gets a
+    few-ulp allowance; float/double differ by operation order."""
     return {"half": dict(rtol=4e-3, atol=2e-3), "float": dict(rtol=2e-6, atol=1e-6),
             "double": dict(rtol=1e-13, atol=1e-14)}[dtype]
 
@@ -186,7 +186,7 @@ def assert_states_close(test, ours, theirs, dtype, rule):
         for key in a:
             np.testing.assert_allclose(a[key].astype(np.float64), b[key].astype(np.float64),
                                        err_msg="%s %s %s step %d" % (rule, dtype, key, t + 1),
-                                       **tolerance(dtype))
+                                       **tf_kernel_tolerance(dtype))
 
 
 def expected_ops(rule, mode, sparse):

@@ -90,9 +90,14 @@ def test_cuda_module_knows_the_same_rules():
         pkg = os.environ.get("FUSEDOPT_CUDA_PKG")
         if not pkg:
             pytest.skip("not a CUDA build (FUSEDOPT_CUDA_PKG unset)")
-        import sys
-        sys.path.insert(0, os.path.join(pkg, "fusedopt"))
-        _core_cuda = importlib.import_module("_core_cuda")
+        # Loaded from its file: putting the package directory on sys.path would make its
+        # `keras` subpackage shadow the real keras for the rest of the session.
+        import glob
+        import importlib.util
+        path, = glob.glob(os.path.join(pkg, "fusedopt", "_core_cuda*.so"))
+        spec = importlib.util.spec_from_file_location("_core_cuda", path)
+        _core_cuda = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(_core_cuda)
     assert _core_cuda.rules() == RULES
 
 

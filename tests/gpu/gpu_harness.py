@@ -91,8 +91,7 @@ RULE_OPTIONS = [(r, o) for r in RULES for o in OPTIONS[r]]
 NUM_SLOTS = {rule: len(ORACLES[rule].SLOTS) for rule in RULES}
 
 
-def np_dtype(dtype):
-    return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+from numpy_reference import np_dtype  # noqa: E402  (NumPy only; on the GPU machine too)
 
 
 def dtype_arg(dtype):
