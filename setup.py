@@ -17,7 +17,7 @@ Without TensorFlow, pybind11 or setuptools >= 77 the build stops at once with on
 saying what to install (``prerequisite_problems``).
 
 ``FUSEDOPT_CUDA=1`` adds the CUDA kernels: nvcc (``$FUSEDOPT_NVCC``, else ``nvcc`` on PATH)
-compiles ``GPU_SRCS`` for sm_80, sm_90 and compute_90 PTX, the op library registers GPU
+compiles ``GPU_SRCS`` for the targets in cc/core/gpu/nvcc_flags.txt, the op library registers GPU
 kernels too (inert without a GPU: the library still loads in tensorflow-cpu), cudart is
 linked statically (no libcudart.so dependency), and ``fusedopt._core_cuda`` (the CUDA
 engine on device arrays) is built as well.
@@ -92,15 +92,24 @@ OPT = ["-O3", "-fno-math-errno"]
 CUDA = os.environ.get("FUSEDOPT_CUDA") == "1"
 XLA = os.environ.get("FUSEDOPT_XLA", "1") != "0"
 CUDA_EXT = "fusedopt._core_cuda"
-CUDA_ARCHS = ["sm_80", "sm_90", "compute_90"]
-# --fmad=false: no multiply-add contraction, so float/double equal the CPU engine bit for
-# bit (CUDA's default IEEE sqrt and division stay on; never --use_fast_math).
-NVCC_FLAGS = ["-DGOOGLE_CUDA=1", "-x", "cu", "--expt-relaxed-constexpr", "-std=c++17", "-O3",
-              "--fmad=false",
-              "-gencode", "arch=compute_80,code=sm_80",
-              "-gencode", "arch=compute_90,code=sm_90",
-              "-gencode", "arch=compute_90,code=compute_90",
-              "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden"]
+
+
+def nvcc_settings():
+    """(flags, archs) from cc/core/gpu/nvcc_flags.txt, the one place all builds read."""
+    settings = {}
+    with open(os.path.join(ROOT, "cc", "core", "gpu", "nvcc_flags.txt")) as f:
+        for line in f:
+            key, sep, value = line.partition(":")
+            if sep and not line.startswith("#"):
+                settings[key.strip()] = value.split()
+    return settings["flags"], settings["archs"]
+
+
+NVCC_BASE_FLAGS, CUDA_ARCHS = nvcc_settings()
+# compute_XX -> PTX for later GPUs; sm_XX -> machine code.
+NVCC_FLAGS = NVCC_BASE_FLAGS + [
+    flag for arch in CUDA_ARCHS
+    for flag in ("-gencode", "arch=compute_%s,code=%s" % (arch.split("_")[1], arch))]
 
 
 def nvcc_path():

@@ -12,9 +12,10 @@ CORE_HDRS = [
     "cc/core/coalesce.h",
     "cc/core/sum_order.h",
     "cc/core/validate.h",
-    "cc/core/rules/lazy_adam.h",
+    "cc/core/rules/adam.h",
     "cc/core/rules/adamax.h",
     "cc/core/rules/adagrad.h",
+    "cc/core/rules/rms_prop.h",
     "cc/core/rules/all_rules.h",
 ]
 
@@ -39,9 +40,10 @@ TF_HDRS = [
     "cc/tf/gpu_variables.h",  # used only with FUSEDOPT_CUDA
 ]
 TF_SRCS = [
-    "cc/tf/lazy_adam.cc",
+    "cc/tf/adam.cc",
     "cc/tf/adamax.cc",
     "cc/tf/adagrad.cc",
+    "cc/tf/rms_prop.cc",
 ]
 
 # Layer 2, XLA: kernels for the resource ops inside jit_compile (HLO from the rules through

@@ -22,13 +22,8 @@ TF_DTYPES = {"half": tf.float16, "bfloat16": tf.bfloat16, "float": tf.float32,
              "double": tf.float64}
 INDEX_DTYPES = {"int32": np.int32, "int64": np.int64}
 
-# Option combinations worth testing per rule (defaults first).
-OPTION_SETS = {
-    "lazy_adam": [{}, {"use_nesterov": True}],
-    "adamax": [{}],
-    "adagrad": [{}, {"update_slots": False}, {"epsilon_inside_sqrt": True},
-                {"update_slots": False, "epsilon_inside_sqrt": True}],
-}
+# Option combinations worth testing per rule (defaults first): from each rule's oracle.
+OPTION_SETS = {rule: oracle.OPTION_SETS for rule, oracle in npref.ORACLES.items()}
 RULE_OPTIONS = [(r, o) for r in sorted(RULES) for o in OPTION_SETS[r]]
 
 
@@ -44,39 +39,28 @@ def param_ids(val):
 # + Session with resource / ref variables.
 MODES = ["graph_ref", "eager", "function", "graph_resource"]
 
-# Per-rule hyper-parameters (beta powers are filled in per step).  Epsilons are large
-# enough to matter at half precision; everything is rounded to the var dtype.
-BASE_HYPER = {
-    "lazy_adam": dict(lr=0.1, beta1=0.9, beta2=0.99, epsilon=0.01),
-    "adamax": dict(lr=0.05, beta1=0.8, beta2=0.95, epsilon=0.05),
-    "adagrad": dict(lr=0.2, epsilon=0.1),
-}
+# Per-rule hyper-parameters (powers such as beta1_power are filled in per step): from each
+# rule's oracle; epsilons are large enough to matter at half precision.
+BASE_HYPER = {rule: oracle.BASE_HYPER for rule, oracle in npref.ORACLES.items()}
 
 
-def np_dtype(dtype):
-    return npref.np_dtype(dtype)
+np_dtype = npref.np_dtype
 
 
 def hyper_for(rule, dtype, step):
     """Hyper-parameters for 1-based `step`, rounded to `dtype` (Python floats)."""
     h = dict(BASE_HYPER[rule])
-    if "beta1_power" in RULES[rule]["hyper"]:
-        h["beta1_power"] = h["beta1"] ** step
-    if "beta2_power" in RULES[rule]["hyper"]:
-        h["beta2_power"] = h["beta2"] ** step
+    for power, base in npref.ORACLES[rule].POWERS.items():
+        h[power] = h[base] ** step
     return npref.round_hyper(h, dtype)
 
 
 def make_state(rule, shape, dtype, rng):
-    """(var, [slots]) as arrays of `dtype`; slots that must be >= 0 are positive."""
+    """(var, [slots]) as arrays of `dtype`, slots drawn from their oracle's SLOT_RANGES."""
     dt = np_dtype(dtype)
     var = rng.uniform(-1, 1, shape).astype(dt)
-    slots = []
-    for name in RULES[rule]["slots"]:
-        if name == "m":
-            slots.append(rng.uniform(-0.5, 0.5, shape).astype(dt))
-        else:  # v (adam, adamax) and accum are non-negative
-            slots.append(rng.uniform(0.05, 1.0, shape).astype(dt))
+    ranges = npref.ORACLES[rule].SLOT_RANGES
+    slots = [rng.uniform(*ranges[name], shape).astype(dt) for name in RULES[rule]["slots"]]
     return var, slots
 
 

@@ -15,7 +15,12 @@ round the result once per step, so compare against this reference with
 the variable dtype with ``round_hyper`` (the ops cast them to the var dtype).
 """
 
+import importlib
+import pkgutil
+
 import numpy as np
+
+import numpy_rules
 
 try:
     import ml_dtypes
@@ -25,24 +30,13 @@ except ImportError:  # pragma: no cover - ml_dtypes ships with TensorFlow
     ml_dtypes = None
     BFLOAT16 = None
 
-# Same table as docs/API_SPEC.md (slot order, hyper-parameter order, option defaults).
-RULES = {
-    "lazy_adam": {
-        "slots": ["m", "v"],
-        "hyper": ["beta1_power", "beta2_power", "lr", "beta1", "beta2", "epsilon"],
-        "options": {"use_nesterov": False},
-    },
-    "adamax": {
-        "slots": ["m", "v"],
-        "hyper": ["beta1_power", "lr", "beta1", "beta2", "epsilon"],
-        "options": {},
-    },
-    "adagrad": {
-        "slots": ["accum"],
-        "hyper": ["lr", "epsilon"],
-        "options": {"update_slots": True, "epsilon_inside_sqrt": False},
-    },
-}
+# The oracle modules, one per rule (tests/numpy_rules/<rule>.py), by rule name.
+ORACLES = {info.name: importlib.import_module("numpy_rules." + info.name)
+           for info in pkgutil.iter_modules(numpy_rules.__path__)}
+
+# rule -> {"slots", "hyper", "options"}: the rules as docs/API_SPEC.md documents them.
+RULES = {name: {"slots": list(m.SLOTS), "hyper": list(m.HYPER), "options": dict(m.OPTIONS)}
+         for name, m in sorted(ORACLES.items())}
 
 
 def _f64(x):
@@ -75,41 +69,6 @@ def _slot_list(rule, slots):
     return slots
 
 
-# --- the math, once per rule, on float64 arrays of equal shape ---------------------
-
-def _lazy_adam(var, m, v, g, h, o):
-    b1, b2 = h["beta1"], h["beta2"]
-    m = m + (g - m) * (1.0 - b1)
-    v = v + (g * g - v) * (1.0 - b2)
-    alpha = h["lr"] * np.sqrt(1.0 - h["beta2_power"]) / (1.0 - h["beta1_power"])
-    if o["use_nesterov"]:
-        var = var - alpha * (m * b1 + (1.0 - b1) * g) / (np.sqrt(v) + h["epsilon"])
-    else:
-        var = var - alpha * m / (np.sqrt(v) + h["epsilon"])
-    return var, [m, v]
-
-
-def _adamax(var, m, v, g, h, o):
-    b1 = h["beta1"]
-    m = m + (g - m) * (1.0 - b1)
-    v = np.maximum(h["beta2"] * v, np.abs(g))
-    var = var - h["lr"] / (1.0 - h["beta1_power"]) * m / (v + h["epsilon"])
-    return var, [m, v]
-
-
-def _adagrad(var, accum, g, h, o):
-    if o["update_slots"]:
-        accum = accum + g * g
-    if o["epsilon_inside_sqrt"]:
-        var = var - h["lr"] * g / np.sqrt(accum + h["epsilon"])
-    else:
-        var = var - h["lr"] * g / (np.sqrt(accum) + h["epsilon"])
-    return var, [accum]
-
-
-_MATH = {"lazy_adam": _lazy_adam, "adamax": _adamax, "adagrad": _adagrad}
-
-
 def dense_update(rule, var, slots, grad, hyper, options=None):
     """One dense step. Returns (new_var, [new_slot, ...]) as float64 arrays."""
     var = _f64(var)
@@ -121,7 +80,8 @@ def dense_update(rule, var, slots, grad, hyper, options=None):
     if grad.shape != var.shape:
         raise ValueError("grad must have the same shape as var")
     with np.errstate(divide="ignore", invalid="ignore"):
-        return _MATH[rule](var, *slots, grad, _hyper(rule, hyper), _options(rule, options))
+        return ORACLES[rule].update(var, slots, grad, _hyper(rule, hyper),
+                                    _options(rule, options))
 
 
 def sum_duplicates(grad, indices):

@@ -14,7 +14,8 @@ def test_quick_benchmark_runs_every_scenario_and_contenders_agree(tmp_path):
         capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    for scenario in ("sparse", "dense", "scaling", "bandwidth", "many_small", "aims"):
+    for scenario in ("sparse", "sparse_xla", "dense", "scaling", "bandwidth", "many_small",
+                     "aims"):
         assert scenario in results
     sparse = results["sparse"]
     expected = {
@@ -32,13 +33,19 @@ def test_quick_benchmark_runs_every_scenario_and_contenders_agree(tmp_path):
         expected["lazy_adam"].add("tf_keras legacy Adam")
     for rule, names in expected.items():
         assert names <= set(sparse[rule]), (rule, sorted(sparse[rule]))
-    for block in ("sparse", "dense"):
+    xla = {"fusedopt.keras.LazyAdam, XLA", "fusedopt (raw op), XLA",
+           "fusedopt (raw op), XLA, HLO lowering", "fusedopt (raw op), no XLA", "tf.keras Adam, XLA"}
+    assert len(results["sparse_xla"]) == 2  # two table sizes
+    for rows_in_table, rows in results["sparse_xla"].items():
+        assert xla <= set(rows), (rows_in_table, sorted(rows))
+    for block in ("sparse", "sparse_xla", "dense"):
         for rule, rows in results[block].items():
             for name, row in rows.items():
                 if not name.startswith("_"):
                     assert row["match"] and row["max_rel_error"] < 1e-3, (block, rule, name, row)
                     assert row["median_ms"] > 0
-    assert set(results["dense"]) == {"lazy_adam", "adamax", "adagrad"}
+    from fusedopt import rules
+    assert set(results["dense"]) == set(results["sparse"]) == set(rules.names())
     assert "TF fused kernel" in results["dense"]["adagrad"]
     assert (tmp_path / "report.md").read_text().count("| aim |") == 1
     probes = results["bandwidth"]["measured_GB_per_s"]
@@ -52,6 +59,22 @@ def test_quick_benchmark_runs_every_scenario_and_contenders_agree(tmp_path):
         assert results["scaling"]["huge_pages_MB"] is not None
 
 
+def test_a_mismatch_in_any_contender_table_fails_the_run():
+    from fusedopt.bench import cli
+
+    def table(match):
+        return {"fusedopt (raw op)": {"match": True}, "other": {"match": match}, "_meta": {}}
+
+    results = {"sparse": {"lazy_adam": table(True)}, "sparse_xla": {"500": table(True)},
+               "dense": {"adagrad": table(True)}, "many_small": {"other": {"match": True}}}
+    assert cli.mismatches(results) == []
+    for block, key in [("sparse", "lazy_adam"), ("sparse_xla", "500"), ("dense", "adagrad")]:
+        broken = dict(results, **{block: {key: table(False)}})
+        assert cli.mismatches(broken) == [(block, key, "other")]
+    broken = dict(results, many_small={"other": {"match": False}})
+    assert cli.mismatches(broken) == [("many_small", "other")]
+
+
 def test_memory_bandwidth_probe_validates_and_measures():
     import pytest
     from fusedopt import _core
@@ -59,5 +82,5 @@ def test_memory_bandwidth_probe_validates_and_measures():
         assert 0 < _core.memory_bandwidth(kernel, 4096, 2, 2) < 1e5
     with pytest.raises(ValueError, match="kernel must be"):
         _core.memory_bandwidth("scale", 4096)
-    with pytest.raises(ValueError, match="n >= 16"):
+    with pytest.raises(ValueError, match=r"16 \* num_threads <= n"):
         _core.memory_bandwidth("copy", 8, 1, 1)

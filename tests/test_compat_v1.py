@@ -16,32 +16,39 @@ import tensorflow as tf
 from absl.testing import parameterized
 
 import numpy_reference as npref
+from fusedopt import ops, rules
 from fusedopt.compat import v1 as fv1
+from fusedopt.rules._front import ArgOr, NonSlot
 
 MODES = ("graph_ref", "graph_resource", "eager")
 DTYPES = {"half": tf.float16, "float": tf.float32, "double": tf.float64}
 
-# Hyper-parameters large enough to matter at half precision.
-HYPER = {
-    "lazy_adam": dict(learning_rate=0.1, beta1=0.9, beta2=0.99, epsilon=0.01),
-    "adamax": dict(learning_rate=0.05, beta1=0.8, beta2=0.95, epsilon=0.05),
-    "adagrad": dict(learning_rate=0.2, initial_accumulator_value=0.1),
-}
-OURS = {"lazy_adam": fv1.LazyAdamOptimizer, "adamax": fv1.AdamaxOptimizer,
-        "adagrad": fv1.AdagradOptimizer}
-TFS = {"lazy_adam": tf.compat.v1.train.AdamOptimizer,
-       "adagrad": tf.compat.v1.train.AdagradOptimizer}
-SLOTS = {"lazy_adam": ("m", "v"), "adamax": ("m", "v"), "adagrad": ("accumulator",)}
-POWERS = {"lazy_adam": ("beta1_power", "beta2_power"), "adamax": ("beta1_power",),
-          "adagrad": ()}
-OP_SUFFIX = {"lazy_adam": "LazyAdam", "adamax": "Adamax", "adagrad": "Adagrad"}
+# Every rule's COMPAT_V1 spec, and the tables the tests read from it: our class, TF's
+# class it reproduces (where TF has one), TF's slot names, the non-slot powers, the op
+# name suffix, and constructor arguments large enough to matter at half precision.
+SPECS = dict(rules.front_end_specs("COMPAT_V1"))
+ALL_RULES = tuple(SPECS)
+OURS = {rule: getattr(fv1, spec.name) for rule, spec in SPECS.items()}
+TFS = {rule: getattr(tf.compat.v1.train, spec.anchor) for rule, spec in SPECS.items()
+       if spec.anchor}
+SLOTS = {rule: tuple(name for name, _ in spec.slots) for rule, spec in SPECS.items()}
+POWERS = {rule: tuple(name for name, _ in spec.powers) for rule, spec in SPECS.items()}
+OP_SUFFIX = {rule: ops.RULES[rule]["op_name"] for rule in SPECS}
+HYPER = {rule: npref.ORACLES[rule].COMPAT_V1_KWARGS for rule in SPECS}
+
+
+def arguments(rule, **kwargs):
+    """Every constructor argument of the rule's class, defaults filled in."""
+    bound = OURS[rule].__signature__.bind(**kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
 
 SHAPE = (6, 3)
 STEPS = 3
 
 
-def np_dtype(name):
-    return DTYPES[name].as_numpy_dtype
+np_dtype = npref.np_dtype
 
 
 def is_resource(variable):
@@ -164,9 +171,10 @@ def run(mode, make_opt, var0s, steps, rule):
         t.close()
 
 
-def tolerance(dtype):
-    # TF's own kernels compute half in half (per-op rounding); ours in float32 rounding
-    # once, so half gets a few-ulp allowance; float/double differ by operation order.
+def tf_kernel_tolerance(dtype):
+    """Against TF's own optimizers (the NumPy oracle's is npref.tolerance): TF's kernels
+    compute half in half (per-op rounding), ours in float32 rounding once, so half gets a
+    few-ulp allowance; float/double differ by operation order."""
     return {"half": dict(rtol=4e-3, atol=2e-3), "float": dict(rtol=2e-6, atol=1e-6),
             "double": dict(rtol=1e-13, atol=1e-14)}[dtype]
 
@@ -178,7 +186,7 @@ def assert_states_close(test, ours, theirs, dtype, rule):
         for key in a:
             np.testing.assert_allclose(a[key].astype(np.float64), b[key].astype(np.float64),
                                        err_msg="%s %s %s step %d" % (rule, dtype, key, t + 1),
-                                       **tolerance(dtype))
+                                       **tf_kernel_tolerance(dtype))
 
 
 def expected_ops(rule, mode, sparse):
@@ -244,26 +252,29 @@ class NumbersTest(tf.test.TestCase, parameterized.TestCase):
         kwargs = dict(HYPER[rule], **(opt_kwargs or {}))
         states, types = run(mode, lambda: OURS[rule](**kwargs), var0s, steps, rule)
         check_op_types(self, types, rule, mode, sparse)
+        spec, args = SPECS[rule], arguments(rule, **kwargs)
+        options = dict(spec.options, **(options or {}))
         dt = np_dtype(dtype)
         prev = {}
         for i, v in enumerate(var0s):
             prev["var%d" % i] = v
-            for s in SLOTS[rule]:
-                fill = kwargs.get("initial_accumulator_value", 0.0) if s == "accumulator" else 0
-                prev["var%d/%s" % (i, s)] = np.full(SHAPE, fill, dt)
-        for p in POWERS[rule]:
-            prev[p] = np.float32(kwargs["beta1" if p == "beta1_power" else "beta2"])
+            for slot, initial in spec.slots:
+                value = args[initial] if isinstance(initial, str) else (initial or 0)
+                prev["var%d/%s" % (i, slot)] = np.full(SHAPE, value, dt)
+        for power, base in spec.powers:
+            prev[power] = np.float32(args[base])
         for t, (grads, got) in enumerate(zip(steps, states), start=1):
-            hyper = {"lr": kwargs["learning_rate"]}
-            for k in ("beta1", "beta2"):
-                if k in kwargs:
-                    hyper[k] = kwargs[k]
-            hyper["epsilon"] = kwargs.get("epsilon") or 0.0
-            for p in POWERS[rule]:
-                hyper[p] = float(prev[p])  # the float32 variable, as the op reads it
-                # the power variables follow beta**t (float32 products)
-                beta = kwargs["beta1" if p == "beta1_power" else "beta2"]
-                self.assertAllClose(got[p], beta ** (t + 1), rtol=1e-6)
+            hyper = {}
+            for name, source in spec.hyper.items():
+                if isinstance(source, NonSlot):
+                    hyper[name] = float(prev[source.name])  # the float32 variable, as read
+                elif isinstance(source, ArgOr):
+                    value = args[source.name]
+                    hyper[name] = source.default if value is None else value
+                else:
+                    hyper[name] = args[source]
+            for power, base in spec.powers:  # the powers follow base**t (float32 products)
+                self.assertAllClose(got[power], args[base] ** (t + 1), rtol=1e-6)
             # Python floats become float32 tensors (as in TF's optimizers), then the op
             # casts them to the var dtype
             hyper = npref.round_hyper(npref.round_hyper(hyper, np.float32), dt)
@@ -287,6 +298,13 @@ class NumbersTest(tf.test.TestCase, parameterized.TestCase):
                                        "var%d/%s %s" % (i, s, where))
             prev = got
         self.assertNotAllClose(states[-1]["var0"], var0s[0])
+
+    @parameterized.product(rule=ALL_RULES, mode=MODES, dtype=sorted(DTYPES),
+                           sparse=(False, True))
+    def test_every_rule_against_numpy(self, rule, mode, dtype, sparse):
+        """Every rule of the registry, step by step against its NumPy oracle."""
+        self._check_against_numpy(rule, mode, dtype, sparse,
+                                  np.int64 if mode == "eager" else np.int32)
 
     @parameterized.product(mode=MODES, dtype=sorted(DTYPES), index_dtype=("int32", "int64"))
     def test_sparse_lazy_adam_is_lazy(self, mode, dtype, index_dtype):
@@ -586,7 +604,7 @@ class ApiTest(tf.test.TestCase, parameterized.TestCase):
             self.assertEqual(sess.run(gs), 6)
             self.assertEqual(len(opt.variables()), len(expected))  # no new slots/non-slots
 
-    @parameterized.parameters("lazy_adam", "adamax", "adagrad")
+    @parameterized.parameters(*ALL_RULES)
     def test_minimize_eager(self, rule):
         w = tf.Variable(np.ones([3, 2], np.float32))
         emb = tf.Variable(np.ones([5, 2], np.float32))
@@ -601,7 +619,7 @@ class ApiTest(tf.test.TestCase, parameterized.TestCase):
         self.assertLess(loss().numpy(), before)
         self.assertAllEqual(emb.numpy()[[0, 2, 4]], np.ones([3, 2]))
 
-    @parameterized.parameters("lazy_adam", "adamax", "adagrad")
+    @parameterized.parameters(*ALL_RULES)
     def test_tf_function_and_xla_equal_eager(self, rule):
         """Eager, tf.function and tf.function(jit_compile=True): the fused ops run in all
         three (under XLA through their XLA kernels), with the same numbers."""

@@ -14,7 +14,7 @@ def public_classes():
 
     classes = [getattr(fk, name) for name in fk.__all__]
     classes += [getattr(legacy, name) for name in legacy.__all__]
-    classes += [v1.LazyAdamOptimizer, v1.AdamaxOptimizer, v1.AdagradOptimizer]
+    classes += [getattr(v1, name) for name in v1.__all__]
     return classes
 
 

@@ -98,8 +98,9 @@ def hyper_st(draw, rule, dtype):
     for name in RULES[rule]["hyper"]:
         if draw(st.integers(0, 24)) == 7:  # ~4% each (not 0: hypothesis favours 0)
             h[name] = draw(st.sampled_from(SPECIAL + [1.0, -1.0, 2.0]))
-        else:
-            h[name] = draw(st.sampled_from(_NORMAL_HYPER[name]))
+        else:  # names of other rules: their oracle's value and a few around it
+            base = npref.ORACLES[rule].BASE_HYPER.get(name, 0.5)
+            h[name] = draw(st.sampled_from(_NORMAL_HYPER.get(name, [base, 0.0, 1.0, 2 * base])))
     return npref.round_hyper(h, dtype)
 
 
@@ -181,15 +182,16 @@ def arrays(c):
 
 
 def _dense_ref(c, var, slots, grad, ftype=np.float64):
-    """npref.dense_update's math (npref._MATH) with NumPy hyper-parameters of `ftype`:
+    """npref.dense_update's math (the rule's oracle) with NumPy hyper-parameters of `ftype`:
     npref converts them to Python floats, which raise ZeroDivisionError (e.g. adamax with
     beta1_power == 1) where the kernels (and NumPy) give Inf/NaN. With ftype=float32 this
     is the same formula evaluated in the kernels' compute type for half/bfloat16/float."""
     h = {k: ftype(v) for k, v in c["hyper"].items()}
     opts = dict(RULES[c["rule"]]["options"], **c["options"])
     with np.errstate(all="ignore"):
-        return npref._MATH[c["rule"]](np.array(var, ftype), *[np.array(s, ftype) for s in slots],
-                                      np.array(grad, ftype), h, opts)
+        return npref.ORACLES[c["rule"]].update(np.array(var, ftype),
+                                               [np.array(s, ftype) for s in slots],
+                                               np.array(grad, ftype), h, opts)
 
 
 def expected(c, var, slots, grad, ftype=np.float64):

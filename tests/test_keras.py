@@ -15,14 +15,33 @@ keras = tf.keras
 KERAS3 = hasattr(keras.optimizers.Optimizer, "stateless_apply")  # Keras 3 (not 2.x)
 
 import fusedopt.keras as fk
+from fusedopt import ops, rules
+from fusedopt.rules._front import LearningRate, Power
 
-PAIRS = {
-    "lazy_adam": (fk.LazyAdam, keras.optimizers.Adam),
-    "adamax": (fk.Adamax, keras.optimizers.Adamax),
-    "adagrad": (fk.Adagrad, keras.optimizers.Adagrad),
-}
-SLOT_ATTRS = {"lazy_adam": ("_momentums", "_velocities"), "adamax": ("_m", "_u"),
-              "adagrad": ("_accumulators",)}
+# rule -> its KERAS spec, and (fusedopt class, the Keras class it replaces), for every rule.
+SPECS = dict(rules.front_end_specs("KERAS"))
+PAIRS = {rule: (getattr(fk, spec.name), getattr(keras.optimizers, spec.base))
+         for rule, spec in SPECS.items()}
+SLOT_ATTRS = {rule: spec.slots for rule, spec in SPECS.items()}
+
+
+def make(rule, which=0, **kwargs):
+    """PAIRS[rule][which](**kwargs), with the arguments that make the rule's fused update
+    run (e.g. RMSprop's momentum > 0) from its oracle's KERAS_KWARGS."""
+    return PAIRS[rule][which](**{**npref.ORACLES[rule].KERAS_KWARGS, **kwargs})
+
+
+def spec_hyper(rule, opt, step, learning_rate):
+    """The op's hyper-parameters for `step` (1-based), as floats, read off `opt` through
+    the rule's KERAS spec."""
+    out = {}
+    for name, source in SPECS[rule].hyper.items():
+        if isinstance(source, LearningRate):
+            out[name] = learning_rate
+        else:
+            value = float(np.asarray(getattr(opt, source.name)))
+            out[name] = value ** step if isinstance(source, Power) else value
+    return out
 
 
 def _vars(seed, dtype="float32"):
@@ -67,8 +86,7 @@ def test_dense_matches_keras(rule, config):
     kwargs = dict(CONFIGS[config])
     if config == "clipvalue_schedule":
         kwargs["learning_rate"] = keras.optimizers.schedules.ExponentialDecay(0.1, 3, 0.5)
-    ours_cls, keras_cls = PAIRS[rule]
-    ours, ref = ours_cls(**kwargs), keras_cls(**kwargs)
+    ours, ref = make(rule, 0, **kwargs), make(rule, 1, **kwargs)
     v_ours, v_ref = _vars(1), _vars(1)
     rng = np.random.default_rng(2)
     step_ours = tf.function(lambda g: ours.apply_gradients(zip(g, v_ours)))
@@ -97,9 +115,8 @@ def test_dense_matches_keras(rule, config):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float64"])
 @pytest.mark.parametrize("rule", sorted(PAIRS))
 def test_dense_other_dtypes(rule, dtype):
-    ours_cls, keras_cls = PAIRS[rule]
-    ours, ref = ours_cls(learning_rate=0.05, epsilon=1e-3), keras_cls(learning_rate=0.05,
-                                                                       epsilon=1e-3)
+    ours, ref = make(rule, 0, learning_rate=0.05, epsilon=1e-3), \
+        make(rule, 1, learning_rate=0.05, epsilon=1e-3)
     if dtype == "bfloat16":
         v_ours, v_ref = [[tf.Variable(tf.cast(v, tf.bfloat16)) for v in _vars(3)]
                          for _ in range(2)]
@@ -122,7 +139,7 @@ def test_dense_other_dtypes(rule, dtype):
 
 @pytest.mark.parametrize("rule", sorted(PAIRS))
 def test_uses_fused_ops_also_under_xla(rule):
-    opt = PAIRS[rule][0](learning_rate=0.1)
+    opt = make(rule, learning_rate=0.1)
     variables = _vars(5)
     emb = tf.Variable(np.ones((6, 2), np.float32))
     opt.build(variables + [emb])
@@ -132,8 +149,7 @@ def test_uses_fused_ops_also_under_xla(rule):
     def step(g0, g1):
         opt.apply_gradients(zip([g0, g1, sparse], variables + [emb]))
 
-    name = {"lazy_adam": "LazyAdam", "adamax": "Adamax", "adagrad": "Adagrad"}[rule]
-    fused = {"FusedOpt>ResourceApply" + name, "FusedOpt>ResourceSparseApply" + name}
+    fused = {ops.op_name(rule, "resource_apply"), ops.op_name(rule, "resource_sparse_apply")}
     assert _fused_op_types(step, *grads) == fused
     # Duplicate ids are summed inside the sparse op: no Python-side dedup in the step
     # (Keras 2.15's apply_gradients would add tf.unique + a segment sum).
@@ -154,7 +170,7 @@ def test_uses_fused_ops_also_under_xla(rule):
 @pytest.mark.parametrize("jit", [False, True])
 @pytest.mark.parametrize("rule", sorted(PAIRS))
 def test_sparse_lazy_matches_reference(rule, jit):
-    opt = PAIRS[rule][0](learning_rate=0.1, epsilon=0.01)
+    opt = make(rule, learning_rate=0.1, epsilon=0.01)
     rng = np.random.default_rng(7)
     var = tf.Variable(rng.uniform(-1, 1, (8, 3)).astype(np.float32))
     opt.build([var])
@@ -165,12 +181,8 @@ def test_sparse_lazy_matches_reference(rule, jit):
         idx = rng.choice([0, 2, 3, 5, 6], size=6).astype(np.int32)
         g = rng.normal(size=(6, 3)).astype(np.float32)
         v0, s0 = var.numpy(), [np.asarray(s.numpy()) for s in slots]
-        hyper = {"lr": 0.1, "epsilon": 0.01}
-        if rule != "adagrad":
-            hyper.update(beta1=0.9, beta2=0.999, beta1_power=0.9 ** step,
-                         beta2_power=0.999 ** step)
-        opts = {"epsilon_inside_sqrt": True} if rule == "adagrad" else None
-        exp_v, exp_s = npref.sparse_update(rule, v0, s0, g, idx, hyper, opts)
+        hyper = spec_hyper(rule, opt, step, 0.1)
+        exp_v, exp_s = npref.sparse_update(rule, v0, s0, g, idx, hyper, SPECS[rule].options)
         fn(tf.constant(g), tf.constant(idx))
         np.testing.assert_allclose(var.numpy(), exp_v, rtol=1e-5, atol=1e-6)
         for s, e in zip(slots, exp_s):
@@ -206,7 +218,7 @@ def test_fit_jit_compile_matches_fused(rule):
     weights = {}
     for jit in (False, True):
         model = _model()
-        model.compile(optimizer=PAIRS[rule][0](learning_rate=0.05), loss="mse",
+        model.compile(optimizer=make(rule, learning_rate=0.05), loss="mse",
                       jit_compile=jit)
         hist = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
         assert np.isfinite(hist.history["loss"]).all()
@@ -237,7 +249,7 @@ def test_fit_dense_model_matches_keras_adam():
 @pytest.mark.parametrize("rule", sorted(PAIRS))
 def test_config_round_trip(rule):
     cls = PAIRS[rule][0]
-    opt = cls(learning_rate=0.03, clipnorm=0.7, use_ema=True, epsilon=1e-4)
+    opt = make(rule, learning_rate=0.03, clipnorm=0.7, use_ema=True, epsilon=1e-4)
     config = opt.get_config()
     again = cls.from_config(config)
     assert type(again) is cls and again.get_config() == config

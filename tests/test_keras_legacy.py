@@ -30,13 +30,17 @@ if IN_SUBPROCESS:
 else:
     from fusedopt.keras import legacy as fl
 
+    from fusedopt import ops, rules
+
     K = fl._keras  # tf.keras on TF 2.15; tf_keras on TF >= 2.16
-    PAIRS = {
-        "lazy_adam": (fl.LazyAdam, K.optimizers.legacy.Adam),
-        "adamax": (fl.Adamax, K.optimizers.legacy.Adamax),
-        "adagrad": (fl.Adagrad, K.optimizers.legacy.Adagrad),
-    }
-    OP = {"lazy_adam": "LazyAdam", "adamax": "Adamax", "adagrad": "Adagrad"}
+    # rule -> its LEGACY spec, and (fusedopt class, the Keras 2 class it replaces).
+    SPECS = dict(rules.front_end_specs("LEGACY"))
+    PAIRS = {rule: (getattr(fl, spec.name), getattr(K.optimizers.legacy, spec.base))
+             for rule, spec in SPECS.items()}
+
+    def make(rule, which=0, *args, **kwargs):
+        """PAIRS[rule][which](...) with the rule's LEGACY_KWARGS (its fused path)."""
+        return PAIRS[rule][which](*args, **{**npref.ORACLES[rule].LEGACY_KWARGS, **kwargs})
 
     def _vars(seed, dtype="float32"):
         rng = np.random.default_rng(seed)
@@ -68,8 +72,7 @@ else:
     @pytest.mark.parametrize("config", sorted(CONFIGS))
     @pytest.mark.parametrize("rule", sorted(PAIRS))
     def test_dense_matches_keras_legacy(rule, config):
-        ours_cls, keras_cls = PAIRS[rule]
-        ours, ref = ours_cls(**CONFIGS[config]), keras_cls(**CONFIGS[config])
+        ours, ref = make(rule, 0, **CONFIGS[config]), make(rule, 1, **CONFIGS[config])
         v_ours, v_ref = _vars(1), _vars(1)
         rng = np.random.default_rng(2)
         step_ours = tf.function(_no_result(lambda g: ours.apply_gradients(zip(g, v_ours))))
@@ -90,8 +93,7 @@ else:
     @pytest.mark.parametrize("dtype", ["float16", "float64"])
     @pytest.mark.parametrize("rule", sorted(PAIRS))
     def test_dense_other_dtypes(rule, dtype):
-        ours_cls, keras_cls = PAIRS[rule]
-        ours, ref = ours_cls(0.05, epsilon=1e-3), keras_cls(0.05, epsilon=1e-3)
+        ours, ref = make(rule, 0, 0.05, epsilon=1e-3), make(rule, 1, 0.05, epsilon=1e-3)
         v_ours, v_ref = _vars(3, dtype), _vars(3, dtype)
         rng = np.random.default_rng(4)
         for _ in range(8):
@@ -106,7 +108,7 @@ else:
 
     @pytest.mark.parametrize("rule", sorted(PAIRS))
     def test_uses_fused_ops_and_xla_fallback(rule):
-        opt = PAIRS[rule][0](0.1)
+        opt = make(rule, 0, 0.1)
         variables = _vars(5)
         emb = tf.Variable(np.ones((6, 2), np.float32))
         grads = _grads(np.random.default_rng(0), variables)
@@ -121,7 +123,7 @@ else:
         for f in graph._functions.values():
             types.update(o.type for o in f.graph.get_operations())
         assert {t for t in types if t.startswith("FusedOpt>")} == {
-            "FusedOpt>ResourceApply" + OP[rule], "FusedOpt>ResourceSparseApply" + OP[rule]}
+            ops.op_name(rule, "resource_apply"), ops.op_name(rule, "resource_sparse_apply")}
         jit = tf.function(step, jit_compile=True)
         before = [v.numpy() for v in variables + [emb]]
         jit(*grads)
@@ -131,9 +133,10 @@ else:
     @pytest.mark.parametrize("jit", [False, True])
     @pytest.mark.parametrize("rule", sorted(PAIRS))
     def test_sparse_lazy_matches_reference(rule, jit):
-        opt = PAIRS[rule][0](0.1, epsilon=0.01)
+        opt = make(rule, 0, 0.1, epsilon=0.01)
         rng = np.random.default_rng(7)
         var = tf.Variable(rng.uniform(-1, 1, (8, 3)).astype(np.float32))
+        opt._create_all_weights([var])  # slots exist before the first step
         fn = tf.function(_no_result(
             lambda g, i: opt.apply_gradients([(tf.IndexedSlices(g, i, [8, 3]), var)])),
             jit_compile=jit)
@@ -141,19 +144,15 @@ else:
             idx = rng.choice([0, 2, 3, 5, 6], size=6).astype(np.int32)
             g = rng.normal(size=(6, 3)).astype(np.float32)
             v0 = var.numpy()
-            s0 = ([np.asarray(opt.get_slot(var, n).numpy()) for n in opt.get_slot_names()]
-                  if step > 1 else None)
-            if s0 is None:
-                s0 = ([np.zeros_like(v0)] * 2 if rule != "adagrad"
-                      else [np.full_like(v0, 0.1)])
-            hyper = {"lr": 0.1, "epsilon": 0.01}
-            if rule != "adagrad":
-                hyper.update(beta1=0.9, beta2=0.999, beta1_power=0.9 ** step,
-                             beta2_power=0.999 ** step)
-            exp_v, exp_s = npref.sparse_update(rule, v0, s0, g, idx, hyper)
+            s0 = [np.asarray(opt.get_slot(var, n).numpy()) for n in SPECS[rule].slots]
+            # The op's hyper-parameters this step: the base's coefficients, through the spec.
+            coefficients = opt._fallback_apply_state(var.device, var.dtype.base_dtype)
+            hyper = {name: float(coefficients[key])
+                     for name, key in SPECS[rule].hyper.items()}
+            exp_v, exp_s = npref.sparse_update(rule, v0, s0, g, idx, hyper, SPECS[rule].options)
             fn(tf.constant(g), tf.constant(idx))
             np.testing.assert_allclose(var.numpy(), exp_v, rtol=1e-5, atol=1e-6)
-            for n, e in zip(opt.get_slot_names(), exp_s):
+            for n, e in zip(SPECS[rule].slots, exp_s):
                 np.testing.assert_allclose(opt.get_slot(var, n).numpy(), e, rtol=1e-5,
                                            atol=1e-6)
             for untouched in (1, 4, 7):
@@ -179,7 +178,8 @@ else:
     @pytest.mark.parametrize("rule", sorted(PAIRS))
     def test_config_serialization(rule):
         cls = PAIRS[rule][0]
-        opt = cls(learning_rate=0.03, epsilon=1e-4, clipnorm=0.7, decay=0.01, name="opt")
+        opt = make(rule, 0, learning_rate=0.03, epsilon=1e-4, clipnorm=0.7, decay=0.01,
+                   name="opt")
         config = opt.get_config()
         assert config["name"] == "opt" and config["clipnorm"] == 0.7
         again = cls.from_config(config, custom_objects={})
@@ -209,12 +209,12 @@ else:
     @pytest.mark.parametrize("rule", sorted(PAIRS))
     def test_get_updates_and_get_gradients_in_graph(rule):
         results = []
-        for cls in PAIRS[rule]:
+        for which in (0, 1):
             graph = tf.Graph()
             with graph.as_default():
                 var = tf.compat.v1.Variable([[1.0, -2.0], [0.5, 4.0]], use_resource=True)
                 loss = tf.reduce_sum(var * var * var)
-                opt = cls(0.1)
+                opt = make(rule, which, 0.1)
                 assert len(opt.get_gradients(loss, [var])) == 1
                 updates = opt.get_updates(loss, [var])
                 with tf.compat.v1.Session(graph=graph) as sess:
@@ -245,7 +245,7 @@ else:
         weights = []
         for jit in (False, True):
             model = _model()
-            model.compile(optimizer=PAIRS[rule][0](0.05), loss="mse", jit_compile=jit)
+            model.compile(optimizer=make(rule, 0, 0.05), loss="mse", jit_compile=jit)
             hist = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
             assert hist.history["loss"][-1] < hist.history["loss"][0]
             weights.append(model.get_weights())

@@ -18,13 +18,9 @@ import numpy_reference as npref
 
 RULES = npref.RULES
 RULE_NAMES = sorted(RULES)
-OPTION_SETS = [
-    ("lazy_adam", {"use_nesterov": True}),
-    ("adagrad", {"update_slots": False}),
-    ("adagrad", {"epsilon_inside_sqrt": True}),
-    ("adagrad", {"update_slots": False, "epsilon_inside_sqrt": True}),
-]
-OP_TYPE_RULE = {"lazy_adam": "LazyAdam", "adamax": "Adamax", "adagrad": "Adagrad"}
+# The non-default option combinations of every rule (from its oracle's OPTION_SETS).
+OPTION_SETS = [(rule, options) for rule, options in harness.RULE_OPTIONS if options]
+OP_TYPE_RULE = {rule: fops.RULES[rule]["op_name"] for rule in RULES}
 
 
 def _ids(val):

@@ -1,7 +1,6 @@
 """fusedopt.reference (composed TF ops) vs the NumPy reference, and the NumPy reference
 itself vs TensorFlow's own training ops. Needs no custom-op library."""
 
-import itertools
 
 import numpy as np
 import pytest
@@ -25,7 +24,8 @@ def update_fn(rule, options):
 
 
 def test_rules_table_matches_spec():
-    assert reference.RULES == npref.RULES
+    assert {rule: {k: spec[k] for k in ("slots", "hyper", "options")}
+            for rule, spec in reference.RULES.items()} == npref.RULES
 
 
 @pytest.mark.parametrize("dtype", harness.DTYPES)
@@ -201,50 +201,23 @@ def test_masked_sparse_update_valid_and_empty_indices_still_update(mode):
 
 # --- the NumPy oracle itself against TensorFlow's built-in training ops (float64) ------
 
-def _tf_raw_step(rule, variant, vs, grad, hyper, options, indices=None):
-    h = {k: tf.constant(v, tf.float64) for k, v in hyper.items()}
-    handles = [v.handle for v in vs]
-    if rule == "lazy_adam":
-        tf.raw_ops.ResourceApplyAdam(
-            var=handles[0], m=handles[1], v=handles[2], beta1_power=h["beta1_power"],
-            beta2_power=h["beta2_power"], lr=h["lr"], beta1=h["beta1"], beta2=h["beta2"],
-            epsilon=h["epsilon"], grad=grad, use_nesterov=options.get("use_nesterov", False))
-    elif rule == "adamax":
-        tf.raw_ops.ResourceApplyAdaMax(
-            var=handles[0], m=handles[1], v=handles[2], beta1_power=h["beta1_power"],
-            lr=h["lr"], beta1=h["beta1"], beta2=h["beta2"], epsilon=h["epsilon"], grad=grad)
-    elif variant == "v1":  # eps == 0
-        tf.raw_ops.ResourceApplyAdagrad(var=handles[0], accum=handles[1], lr=h["lr"],
-                                        grad=grad,
-                                        update_slots=options.get("update_slots", True))
-    elif indices is not None:
-        tf.raw_ops.ResourceSparseApplyAdagradV2(
-            var=handles[0], accum=handles[1], lr=h["lr"], epsilon=h["epsilon"], grad=grad,
-            indices=indices, update_slots=options.get("update_slots", True))
-    else:
-        tf.raw_ops.ResourceApplyAdagradV2(
-            var=handles[0], accum=handles[1], lr=h["lr"], epsilon=h["epsilon"], grad=grad,
-            update_slots=options.get("update_slots", True))
+# Every oracle's ANCHOR_CASES: (rule, options, hyper overrides, sparse), run against its
+# tf_anchor (TF's own op of the same math).
+ANCHOR_CASES = [(rule, options, overrides, sparse)
+                for rule, oracle in sorted(npref.ORACLES.items())
+                for options, overrides, sparse in oracle.ANCHOR_CASES]
 
 
-@pytest.mark.parametrize("rule,variant,options,sparse", [
-    ("lazy_adam", "", {}, False),
-    ("lazy_adam", "", {"use_nesterov": True}, False),
-    ("adamax", "", {}, False),
-    ("adagrad", "v2", {}, False),
-    ("adagrad", "v2", {"update_slots": False}, False),
-    ("adagrad", "v1", {}, False),
-    ("adagrad", "v1", {"update_slots": False}, False),
-    ("adagrad", "v2", {}, True),
-])
-def test_numpy_reference_matches_tf_training_ops(rule, variant, options, sparse):
+@pytest.mark.parametrize("rule,options,overrides,sparse", ANCHOR_CASES,
+                         ids=["%s-%s-%s-%s" % (r, harness.param_ids(o), harness.param_ids(h),
+                                               "sparse" if s else "dense")
+                              for r, o, h, s in ANCHOR_CASES])
+def test_numpy_reference_matches_tf_training_ops(rule, options, overrides, sparse):
     rng = np.random.default_rng(5)
     var, slots = harness.make_state(rule, (6, 3), "double", rng)
     vs = [tf.Variable(x) for x in [var] + slots]
     for t in range(1, 4):
-        hyper = harness.hyper_for(rule, "double", t)
-        if variant == "v1":
-            hyper["epsilon"] = 0.0
+        hyper = dict(harness.hyper_for(rule, "double", t), **overrides)
         if sparse:
             indices = rng.choice(6, 4, replace=False).astype(np.int64)
             grad = harness.make_grad((4, 3), "double", rng)
@@ -253,9 +226,9 @@ def test_numpy_reference_matches_tf_training_ops(rule, variant, options, sparse)
             indices = None
             grad = harness.make_grad((6, 3), "double", rng)
             var, slots = npref.dense_update(rule, var, slots, grad, hyper, options)
-        _tf_raw_step(rule, variant, vs, grad, {k: v for k, v in hyper.items()
-                                               if variant != "v1" or k != "epsilon"},
-                     options, indices)
+        npref.ORACLES[rule].tf_anchor(tf, [v.handle for v in vs],
+                                      {k: tf.constant(v, tf.float64) for k, v in hyper.items()},
+                                      grad, options, indices)
         for v, exp in zip(vs, [var] + slots):
             npref.assert_close(v.numpy(), exp, "double", "step %d" % t)
 
@@ -276,8 +249,6 @@ def test_numpy_reference_sparse_semantics():
     for dtype in harness.DTYPES:
         tol = npref.tolerance(dtype)
         assert 0 < tol["rtol"] < 0.05 and 0 < tol["atol"] < 0.01
-    assert list(itertools.chain(*[npref.RULES[r]["slots"] for r in RULE_NAMES])) == [
-        "accum", "m", "v", "m", "v"]
 
 
 @pytest.mark.parametrize("rule", RULE_NAMES)

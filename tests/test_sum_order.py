@@ -11,19 +11,15 @@ so the slot shows the sum itself.
 """
 import math
 
-import ml_dtypes
 import numpy as np
 import pytest
 
 from fusedopt import _core
+from numpy_reference import np_dtype
 
 HYPER = dict(beta1_power=0.5, beta2_power=0.5, lr=0.0, beta1=0.0, beta2=0.5, epsilon=1.0)
 COMPUTE = {"float16": np.float32, "bfloat16": np.float32, "float32": np.float32,
            "float64": np.float64}
-
-
-def np_dtype(name):
-    return np.dtype(ml_dtypes.bfloat16) if name == "bfloat16" else np.dtype(name)
 
 
 def chunk_length(count):

@@ -37,13 +37,13 @@ try:
 except ImportError:  # the peers are optional
     torch = None
 
-SLOTS = {"lazy_adam": 2, "adamax": 2, "adagrad": 1}
-HYPER = {
-    "lazy_adam": dict(beta1_power=0.9**3, beta2_power=0.999**3, lr=1e-3, beta1=0.9, beta2=0.999,
-                      epsilon=1e-7),
-    "adamax": dict(beta1_power=0.9**3, lr=1e-3, beta1=0.9, beta2=0.999, epsilon=1e-7),
-    "adagrad": dict(lr=0.01, epsilon=1e-7),
-}
+# Every rule of the registry, with hyper-parameter values by name (0.5 for a name not
+# listed: any value serves a bandwidth measurement).
+RULES = core_cuda.rules()
+SLOTS = {rule: len(spec["slots"]) for rule, spec in RULES.items()}
+VALUES = dict(beta1_power=0.9**3, beta2_power=0.999**3, lr=1e-3, beta1=0.9, beta2=0.999,
+              epsilon=1e-7, rho=0.9, momentum=0.9)
+HYPER = {rule: {h: VALUES.get(h, 0.5) for h in spec["hyper"]} for rule, spec in RULES.items()}
 
 
 def timed(fn, repeats):

@@ -27,7 +27,7 @@
 # tests/gpu), GPU_CHECK_BENCH=0, GPU_CHECK_SANITIZE=0 (skip those stages).
 # Needs: nvcc, g++, PYTHON with pybind11 and numpy (+ pytest, cupy, ml_dtypes to test).
 # Device code is built for the local GPU's architecture only (sm_90 without one) to keep the
-# build short; the pip and Bazel CUDA builds compile sm_80, sm_90 and compute_90.
+# build short; the pip and Bazel CUDA builds compile the targets in cc/core/gpu/nvcc_flags.txt.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -137,9 +137,9 @@ else
   say "nvcc: $("$nvcc" --version | grep release) | arch $arch | python: $("$py" --version 2>&1) | build: $build"
   pyinc=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
   pybind=$("$py" -c "import pybind11; print(pybind11.get_include())")
-  # Device code: the two GPU_SRCS in parallel, flags as setup.py's (--fmad=false: GPU == CPU).
-  nvcc_flags=(-DGOOGLE_CUDA=1 -x cu --expt-relaxed-constexpr -std=c++17 -O3 --fmad=false
-              -arch="$arch" -Xcompiler -fPIC -Xcompiler -fvisibility=hidden -I "$root")
+  # Device code: the two GPU_SRCS in parallel, with every build's flags (one file, see it).
+  read -ra nvcc_flags <<<"$(sed -n 's/^flags://p' cc/core/gpu/nvcc_flags.txt)"
+  nvcc_flags+=(-arch="$arch" -I "$root")
   pids=()
   for src in cc/core/gpu/engine_gpu.cu.cc cc/core/gpu/coalesce_gpu.cu.cc; do
     "$nvcc" "${nvcc_flags[@]}" -c "$src" -o "$build/$(basename "$src").o" & pids+=($!)

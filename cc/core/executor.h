@@ -1,7 +1,7 @@
 // How the core runs work in parallel without knowing who owns the threads.
 //
 // The TF binding adapts TensorFlow's intra-op CPU thread pool; the pybind11 module
-// uses ThreadExecutor below; tests use SerialExecutor. The engine only promises
+// uses ThreadExecutor below; XLA's custom call a pool of XLA's. The engine only promises
 // that every index in [0, n) is visited exactly once, by disjoint [begin, end)
 // blocks, and it never depends on the order or the number of blocks for its
 // results (which is what makes the updates deterministic).
@@ -28,13 +28,6 @@ class Executor {
   // Calls fn on disjoint blocks covering [0, n); `cost_per_unit` is a rough cost
   // of one unit in cycles, so small jobs stay on the calling thread.
   virtual void ParallelFor(int64_t n, int64_t cost_per_unit, const Block& fn) = 0;
-};
-
-class SerialExecutor final : public Executor {
- public:
-  void ParallelFor(int64_t n, int64_t, const Block& fn) override {
-    if (n > 0) fn(0, n);
-  }
 };
 
 // Most threads a std::thread executor starts for one call. More would only cost memory

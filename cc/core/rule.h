@@ -3,7 +3,8 @@
 //
 // A rule is a struct with:
 //   kOpName     "LazyAdam"   -> ops FusedOpt>{,Resource}{,Sparse}ApplyLazyAdam
-//   kPyName     "lazy_adam"  -> Python-side name
+//   kPyName     "lazy_adam"  -> Python-side name (fusedopt.ops.resource_apply_lazy_adam,
+//                               python/fusedopt/rules/lazy_adam.py)
 //   kSlots      slot names, in op-input order (after var)
 //   kHyper      scalar hyper-parameter names, in op-input order (after the slots)
 //   kOptions    boolean attributes with defaults
@@ -24,6 +25,35 @@ struct RuleOption {
   const char* name;
   bool default_value;
 };
+
+// Position of `name` in a rule's list of names, for use in constant expressions:
+//   constexpr int lr = Index(kHyper, "lr");     // h[lr] rather than h[2]
+// A name that is not in the list does not compile (NameNotInList is not constexpr).
+inline int NameNotInList() { return -1; }
+
+constexpr bool SameName(const char* a, const char* b) {
+  while (*a != '\0' && *a == *b) {
+    ++a;
+    ++b;
+  }
+  return *a == *b;
+}
+
+template <size_t N>
+constexpr int Index(const std::array<const char*, N>& names, const char* name) {
+  for (size_t i = 0; i < N; ++i) {
+    if (SameName(names[i], name)) return static_cast<int>(i);
+  }
+  return NameNotInList();
+}
+
+template <size_t N>
+constexpr int Index(const std::array<RuleOption, N>& options, const char* name) {
+  for (size_t i = 0; i < N; ++i) {
+    if (SameName(options[i].name, name)) return static_cast<int>(i);
+  }
+  return NameNotInList();
+}
 
 template <typename Rule>
 constexpr int NumSlots() {

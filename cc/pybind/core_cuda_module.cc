@@ -103,16 +103,18 @@ std::string DtypeName(const DeviceArray& a, const std::string& dtype) {
 class DeviceScope {
  public:
   explicit DeviceScope(const void* ptr) {
-    cudaError_t err = cudaGetDevice(&previous_);
-    if (err != cudaSuccess) ThrowCuda(err, "cudaGetDevice");
+    // The pointer first: without a usable driver no memory is CUDA memory, and that is
+    // the caller's ValueError, not a CUDA failure.
     cudaPointerAttributes attributes{};
-    err = cudaPointerGetAttributes(&attributes, ptr);
+    cudaError_t err = cudaPointerGetAttributes(&attributes, ptr);
     if (err != cudaSuccess) {
       cudaGetLastError();
       throw py::value_error(std::string("var is not CUDA memory: ") + cudaGetErrorString(err));
     }
     Require(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged,
             "var must be device (or managed) memory");
+    err = cudaGetDevice(&previous_);
+    if (err != cudaSuccess) ThrowCuda(err, "cudaGetDevice");
     if (attributes.device != previous_) {
       err = cudaSetDevice(attributes.device);
       if (err != cudaSuccess) ThrowCuda(err, "cudaSetDevice");

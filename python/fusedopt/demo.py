@@ -73,6 +73,40 @@ class SyntheticClicks:
         return ids, labels
 
 
+def clicks(args):
+    """A fresh data stream: every optimizer trains on the same batches."""
+    return SyntheticClicks(args.rows, args.batch, args.bag, args.zipf, args.seed)
+
+
+class TrainingLog:
+    """One optimizer's training run: losses and step times, a progress line every tenth."""
+
+    def __init__(self, name, steps):
+        self.name, self.steps = name, steps
+        self.report_every = max(1, steps // 10)
+        self.losses, self.seconds = [], []
+
+    def print_progress(self, step, loss, step_seconds):
+        print(f"  [{self.name}] step {step:5d}/{self.steps}  loss {loss:.4f}  "
+              f"step {1e3 * step_seconds:.1f} ms", flush=True)
+
+    def step_done(self, loss, seconds):
+        """Records one step: its loss and how long it took."""
+        if self.losses:  # the first step traces the function (or warms up the graph)
+            self.seconds.append(seconds)
+        self.losses.append(loss)
+        step = len(self.losses)
+        if step % self.report_every == 0 or step == 1:
+            self.print_progress(step, loss, np.mean(self.seconds[-self.report_every:] or [0]))
+
+    def final_loss(self):
+        """The mean loss of the last tenth of the steps."""
+        return float(np.mean(self.losses[-self.report_every:]))
+
+    def step_seconds(self):
+        return float(np.median(self.seconds))
+
+
 MODEL_VARIABLES = ("table", "dense", "bias")
 
 
@@ -95,19 +129,27 @@ def loss_fn(tf, variables, ids, labels):
     return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
 
 
+def eager_step(tf, variables, apply_gradients):
+    """A tf.function training step: the loss's gradients go to apply_gradients(grads)."""
+    @tf.function
+    def step(ids, labels):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(tf, variables, ids, labels)
+        apply_gradients(tape.gradient(loss, variables))
+        return loss
+
+    return step
+
+
 def fusedopt_lazy_adam_step(tf, variables, lr, beta1=0.9, beta2=0.999, epsilon=1e-7):
-    """One training step with fusedopt's raw ops: sparse rows for the table, dense for the rest."""
+    """Training with fusedopt's raw ops: sparse rows for the table, dense for the rest."""
     from fusedopt import ops
 
     slots = [(tf.Variable(tf.zeros_like(v), trainable=False),
               tf.Variable(tf.zeros_like(v), trainable=False)) for v in variables]
     iterations = tf.Variable(0, dtype=tf.int64, trainable=False)
 
-    @tf.function
-    def step(ids, labels):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(tf, variables, ids, labels)
-        grads = tape.gradient(loss, variables)
+    def apply_gradients(grads):
         t = tf.cast(iterations.assign_add(1), tf.float32)
         hyper = dict(beta1_power=beta1 ** t, beta2_power=beta2 ** t, lr=lr, beta1=beta1,
                      beta2=beta2, epsilon=epsilon)
@@ -117,22 +159,14 @@ def fusedopt_lazy_adam_step(tf, variables, lr, beta1=0.9, beta2=0.999, epsilon=1
                                                     indices=grad.indices, **hyper)
             else:
                 ops.resource_apply_lazy_adam(var, m, v, grad=grad, **hyper)
-        return loss
 
-    return step
+    return eager_step(tf, variables, apply_gradients)
 
 
 def keras_adam_step(tf, variables, lr):
     optimizer = tf.keras.optimizers.Adam(learning_rate=lr)
-
-    @tf.function
-    def step(ids, labels):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(tf, variables, ids, labels)
-        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-        return loss
-
-    return step
+    return eager_step(tf, variables,
+                      lambda grads: optimizer.apply_gradients(zip(grads, variables)))
 
 
 class GraphModel:
@@ -165,14 +199,11 @@ class GraphModel:
                              {self.ids: ids, self.labels: labels})[0]
 
 
-def graph_contenders(tf, no_baseline):
+def graph_contenders(tf):
     from fusedopt.compat import v1
 
-    contenders = [("fusedopt v1 LazyAdam", lambda lr: v1.LazyAdamOptimizer(lr, epsilon=1e-7))]
-    if not no_baseline:
-        contenders.append(("tf.compat.v1 Adam",
-                           lambda lr: tf.compat.v1.train.AdamOptimizer(lr, epsilon=1e-7)))
-    return contenders
+    return [("fusedopt v1 LazyAdam", lambda lr: v1.LazyAdamOptimizer(lr, epsilon=1e-7)),
+            ("tf.compat.v1 Adam", lambda lr: tf.compat.v1.train.AdamOptimizer(lr, epsilon=1e-7))]
 
 
 class EstimatorModel:
@@ -222,8 +253,7 @@ class EstimatorModel:
         """Runs `steps` steps in one Estimator.train call; returns (first, final, step s)."""
         tf = self.tf
         self.queue = [data.next() for _ in range(steps)]
-        losses, seconds = [], []
-        report_every = max(1, steps // 10)
+        log = TrainingLog(name, steps)
 
         class Progress(tf.compat.v1.train.SessionRunHook):
             def begin(self):
@@ -235,25 +265,17 @@ class EstimatorModel:
                 return tf.compat.v1.train.SessionRunArgs(self.loss)
 
             def after_run(self, run_context, run_values):
-                if losses:  # the first step includes graph warm-up
-                    seconds.append(time.perf_counter() - self.start)
-                losses.append(float(run_values.results))
-                i = len(losses)
-                if i % report_every == 0 or i == 1:
-                    print(f"  [{name}] step {i:5d}/{steps}  loss {losses[-1]:.4f}  "
-                          f"step {1e3 * np.mean(seconds[-report_every:] or [0]):.1f} ms",
-                          flush=True)
+                log.step_done(float(run_values.results), time.perf_counter() - self.start)
 
         self.estimator.train(self._input_fn, steps=steps, hooks=[Progress()])
-        tail = max(1, steps // 10)
-        return losses[0], float(np.mean(losses[-tail:])), float(np.median(seconds))
+        return log.losses[0], log.final_loss(), log.step_seconds()
 
 
-def estimator_contenders(tf, no_baseline):
+def estimator_contenders(tf):
     if not hasattr(tf.compat.v1, "estimator") or not hasattr(tf.compat.v1.estimator, "Estimator"):
         raise SystemExit(f"--estimator needs tf.compat.v1.estimator (TF <= 2.15 with "
                          f"tensorflow-estimator); this is TF {tf.__version__}")
-    return graph_contenders(tf, no_baseline)
+    return graph_contenders(tf)
 
 
 def keras_fit(tf, args, name, make_optimizer):
@@ -271,10 +293,11 @@ def keras_fit(tf, args, name, make_optimizer):
     model = keras.Model(ids, keras.layers.Reshape(())(logits))
     model.compile(optimizer=make_optimizer(args.lr),
                   loss=keras.losses.BinaryCrossentropy(from_logits=True))
-    data = SyntheticClicks(args.rows, args.batch, args.bag, args.zipf, args.seed)
+    data = clicks(args)
     batches = [data.next() for _ in range(args.steps)]
     first_loss = float(model.evaluate(*batches[0], batch_size=args.batch, verbose=0))
-    window = max(1, args.steps // 10)
+    log = TrainingLog(name, args.steps)
+    window = log.report_every
     seconds, losses = [], []
 
     class Progress(keras.callbacks.Callback):
@@ -286,9 +309,7 @@ def keras_fit(tf, args, name, make_optimizer):
 
         def on_epoch_end(self, epoch, logs=None):
             losses.append(logs["loss"])
-            print(f"  [{name}] step {(epoch + 1) * window:5d}/{args.steps}  loss "
-                  f"{logs['loss']:.4f}  step {1e3 * np.median(seconds[-window:]):.1f} ms",
-                  flush=True)
+            log.print_progress((epoch + 1) * window, logs["loss"], np.median(seconds[-window:]))
 
     def stream():
         for ids_batch, labels in batches:
@@ -300,31 +321,64 @@ def keras_fit(tf, args, name, make_optimizer):
     return first_loss, float(losses[-1]), float(np.median(seconds[1:]))
 
 
-def keras_contenders(tf, no_baseline):
+def keras_contenders(tf):
     import fusedopt.keras as fk
 
-    contenders = [("fusedopt.keras LazyAdam", lambda lr: fk.LazyAdam(lr))]
-    if not no_baseline:
-        contenders.append(("keras Adam", lambda lr: tf.keras.optimizers.Adam(lr)))
-    return contenders
+    return [("fusedopt.keras LazyAdam", lambda lr: fk.LazyAdam(lr)),
+            ("keras Adam", lambda lr: tf.keras.optimizers.Adam(lr))]
+
+
+def eager_contenders(tf):
+    return [("fusedopt LazyAdam", fusedopt_lazy_adam_step), ("tf.keras Adam", keras_adam_step)]
 
 
 def train(name, step, data, steps):
-    """Runs `steps` steps; returns (mean loss of the last 10%, mean step seconds)."""
-    losses, seconds = [], []
-    report_every = max(1, steps // 10)
-    for i in range(steps):
+    """Runs `steps` steps; returns (mean loss of the last 10%, median step seconds)."""
+    log = TrainingLog(name, steps)
+    for _ in range(steps):
         ids, labels = data.next()
         start = time.perf_counter()
         loss = float(step(ids, labels))
-        if i > 0:  # the first step traces the function
-            seconds.append(time.perf_counter() - start)
-        losses.append(loss)
-        if (i + 1) % report_every == 0 or i == 0:
-            print(f"  [{name}] step {i + 1:5d}/{steps}  loss {loss:.4f}  "
-                  f"step {1e3 * np.mean(seconds[-report_every:] or [0]):.1f} ms", flush=True)
-    tail = max(1, steps // 10)
-    return float(np.mean(losses[-tail:])), float(np.median(seconds))
+        log.step_done(loss, time.perf_counter() - start)
+    return log.final_loss(), log.step_seconds()
+
+
+def run_eager(tf, args, name, make_step):
+    """The ``--api ops`` variant: a custom training loop."""
+    variables = build_model(tf, args.rows, args.dim, args.seed)
+    first_loss = float(loss_fn(tf, variables, *clicks(args).next()))
+    step = make_step(tf, variables, args.lr)
+    return (first_loss, *train(name, step, clicks(args), args.steps))
+
+
+def run_graph(tf, args, name, make_optimizer):
+    """The ``--tf1`` variant: session.run in a tf.compat.v1 graph."""
+    model = GraphModel(tf, initial_values(args.rows, args.dim, args.seed), make_optimizer,
+                       args.lr, use_resource=(args.tf1 == "resource"))
+    first_loss = float(model.loss(*clicks(args).next()))
+    return (first_loss, *train(name, model.step, clicks(args), args.steps))
+
+
+def run_estimator(tf, args, name, make_optimizer):
+    """The ``--estimator`` variant: Estimator.train of a replicated model_fn."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as model_dir:
+        model = EstimatorModel(tf, args, make_optimizer, model_dir)
+        return model.train_all(name, clicks(args), args.steps)
+
+
+def variant(tf, args):
+    """The variant the flags pick: ([(name, make)], run(tf, args, name, make)), where run
+    returns (first loss, final loss, step seconds); ours first, then the baseline."""
+    if args.estimator:
+        tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)  # Estimator chatter
+        return estimator_contenders(tf), run_estimator
+    if args.tf1:
+        return graph_contenders(tf), run_graph
+    if args.api == "keras":
+        return keras_contenders(tf), keras_fit
+    return eager_contenders(tf), run_eager
 
 
 def main(argv=None):
@@ -336,41 +390,10 @@ def main(argv=None):
           + (f", TF1-style graph mode with {args.tf1} variables" if args.tf1 else "")
           + (f", Estimator over {args.estimator} CPU towers" if args.estimator else ""))
     print(f"  loss of a constant guess: {math.log(2):.4f}")
-    if args.estimator:
-        import tempfile
-
-        tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)  # Estimator chatter
-        results = []
-        for name, make in estimator_contenders(tf, args.no_baseline):
-            with tempfile.TemporaryDirectory() as model_dir:
-                model = EstimatorModel(tf, args, make, model_dir)
-                data = SyntheticClicks(args.rows, args.batch, args.bag, args.zipf, args.seed)
-                results.append((name, *model.train_all(name, data, args.steps)))
-        return report(results)
-    if args.api == "keras" and not args.tf1:
-        return report([(name, *keras_fit(tf, args, name, make))
-                       for name, make in keras_contenders(tf, args.no_baseline)])
-    if args.tf1:
-        contenders = graph_contenders(tf, args.no_baseline)
-    else:
-        contenders = [("fusedopt LazyAdam", fusedopt_lazy_adam_step)]
-        if not args.no_baseline:
-            contenders.append(("tf.keras Adam", keras_adam_step))
-    results = []
-    for name, make in contenders:
-        data = SyntheticClicks(args.rows, args.batch, args.bag, args.zipf, args.seed)
-        if args.tf1:
-            model = GraphModel(tf, initial_values(args.rows, args.dim, args.seed), make,
-                               args.lr, use_resource=(args.tf1 == "resource"))
-            first_loss, step = float(model.loss(*data.next())), model.step
-        else:
-            variables = build_model(tf, args.rows, args.dim, args.seed)
-            first_loss = float(loss_fn(tf, variables, *data.next()))
-            step = make(tf, variables, args.lr)
-        data = SyntheticClicks(args.rows, args.batch, args.bag, args.zipf, args.seed)
-        final_loss, step_seconds = train(name, step, data, args.steps)
-        results.append((name, first_loss, final_loss, step_seconds))
-    return report(results)
+    contenders, run = variant(tf, args)
+    if args.no_baseline:
+        contenders = contenders[:1]
+    return report([(name, *run(tf, args, name, make)) for name, make in contenders])
 
 
 def report(results):

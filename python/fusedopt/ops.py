@@ -1,30 +1,28 @@
-"""Thin wrappers over fusedopt's fused update ops, one per op.
+"""Thin wrappers over fusedopt's fused update ops, one per op, generated from the rules.
 
-Every wrapper takes the variable and its slots (``tf.Variable`` objects for the
-``resource_*`` ops; ref variables — ``tf.compat.v1.Variable(use_resource=False)`` in
-graph mode — for the others), the hyper-parameters (Python numbers or tensors; cast to
-the variable's dtype) and the gradient. Sparse wrappers also take ``indices``: ``grad``
-then has shape ``[N] + var.shape[1:]``; duplicate indices are summed before each named
-row is updated once, and rows not named are left untouched (lazy updates).
+For every rule of the C++ registry (``fusedopt.rules``) and every variant there is one
+wrapper, ``<variant>_<rule>``: ``apply_lazy_adam``, ``resource_apply_lazy_adam``,
+``sparse_apply_lazy_adam``, ``resource_sparse_apply_lazy_adam``, ... Each takes the
+variable and its slots (``tf.Variable`` objects for the ``resource_*`` ops; ref variables —
+``tf.compat.v1.Variable(use_resource=False)`` in graph mode — for the others), the
+hyper-parameters (Python numbers or tensors; cast to the variable's dtype) and the
+gradient, in the op's input order; then ``use_locking``, the rule's options and ``name``.
+Sparse wrappers also take ``indices``: ``grad`` then has shape ``[N] + var.shape[1:]``;
+duplicate indices are summed before each named row is updated once, and rows not named
+are left untouched (lazy updates).
 
 Updates happen in place. Resource wrappers return the op (graph mode) or None (eager);
 ref wrappers return the updated variable's ref tensor, as TF's ``Apply*`` ops do.
 Bad input raises ``tf.errors.InvalidArgumentError`` and leaves every variable as it was.
 """
+import inspect
+
 import tensorflow as tf
 
-from fusedopt import _loader
+from fusedopt import _loader, rules
 
-# Mirrors the C++ rules (cc/core/rules); tests check the two agree.
-RULES = {
-    "lazy_adam": dict(op_name="LazyAdam", slots=["m", "v"],
-                      hyper=["beta1_power", "beta2_power", "lr", "beta1", "beta2", "epsilon"],
-                      options={"use_nesterov": False}),
-    "adamax": dict(op_name="Adamax", slots=["m", "v"],
-                   hyper=["beta1_power", "lr", "beta1", "beta2", "epsilon"], options={}),
-    "adagrad": dict(op_name="Adagrad", slots=["accum"], hyper=["lr", "epsilon"],
-                    options={"update_slots": True, "epsilon_inside_sqrt": False}),
-}
+# rule -> {"op_name", "slots", "hyper", "options"}: the C++ declarations.
+RULES = rules.SPECS
 
 VARIANTS = ("apply", "resource_apply", "sparse_apply", "resource_sparse_apply")
 
@@ -95,118 +93,49 @@ def _apply(rule, variant, var, slots, hyper, grad, indices, use_locking, options
     return fn(**kwargs)
 
 
-# --- LazyAdam -------------------------------------------------------------------------
-
-def apply_lazy_adam(var, m, v, beta1_power, beta2_power, lr, beta1, beta2, epsilon, grad,
-                    use_locking=False, use_nesterov=False, name=None):
-    """Adam update of a ref variable (TF ``ApplyAdam``'s math); returns the var ref.
-
-    ``m += (g-m)(1-beta1); v += (g²-v)(1-beta2);
-    var -= lr·sqrt(1-beta2_power)/(1-beta1_power) · m/(sqrt(v)+epsilon)``.
-    """
-    return _apply("lazy_adam", "apply", var, (m, v),
-                  (beta1_power, beta2_power, lr, beta1, beta2, epsilon), grad, None,
-                  use_locking, {"use_nesterov": use_nesterov}, name)
+_VARIANT_DOCS = {
+    "apply": "update of a ref variable; returns the var ref",
+    "resource_apply": "update of a resource variable",
+    "sparse_apply": "update of the rows of a ref variable named by ``indices``; returns the "
+                    "var ref",
+    "resource_sparse_apply": "update of the rows of a resource variable named by ``indices``",
+}
 
 
-def resource_apply_lazy_adam(var, m, v, beta1_power, beta2_power, lr, beta1, beta2, epsilon,
-                             grad, use_locking=False, use_nesterov=False, name=None):
-    """Adam update of a resource variable (see ``apply_lazy_adam``)."""
-    return _apply("lazy_adam", "resource_apply", var, (m, v),
-                  (beta1_power, beta2_power, lr, beta1, beta2, epsilon), grad, None,
-                  use_locking, {"use_nesterov": use_nesterov}, name)
+def _make_wrapper(rule, variant):
+    """``<variant>_<rule>(var, *slots, *hyper, grad, [indices], use_locking=False,
+    **options, name=None)`` with a real signature (help(), inspect, IDEs)."""
+    spec = RULES[rule]
+    sparse = variant.endswith("sparse_apply")
+    positional = ["var", *spec["slots"], *spec["hyper"], "grad"] + (["indices"] if sparse else [])
+    keyword = [("use_locking", False), *spec["options"].items(), ("name", None)]
+    n_slots, n_hyper = len(spec["slots"]), len(spec["hyper"])
+
+    def wrapper(*args, **kwargs):
+        bound = wrapper.__signature__.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        return _apply(rule, variant, a["var"], [a[s] for s in spec["slots"]],
+                      [a[h] for h in spec["hyper"]], a["grad"], a.get("indices"),
+                      a["use_locking"], {o: a[o] for o in spec["options"]}, a["name"])
+
+    P = inspect.Parameter
+    wrapper.__signature__ = inspect.Signature(
+        [P(n, P.POSITIONAL_OR_KEYWORD) for n in positional]
+        + [P(n, P.POSITIONAL_OR_KEYWORD, default=d) for n, d in keyword])
+    wrapper.__name__ = wrapper.__qualname__ = f"{variant}_{rule}"
+    wrapper.__doc__ = (f"{spec['op_name']} {_VARIANT_DOCS[variant]}.\n\n"
+                       f"``{rules.module(rule).MATH}``\n\n"
+                       f"Op ``{op_name(rule, variant)}``: {n_slots} slot(s), {n_hyper} "
+                       "hyper-parameter(s); see the module docstring.")
+    wrapper.__module__ = __name__
+    return wrapper
 
 
-def sparse_apply_lazy_adam(var, m, v, beta1_power, beta2_power, lr, beta1, beta2, epsilon,
-                           grad, indices, use_locking=False, use_nesterov=False, name=None):
-    """Lazy Adam on the rows of a ref variable named by ``indices``; returns the var ref."""
-    return _apply("lazy_adam", "sparse_apply", var, (m, v),
-                  (beta1_power, beta2_power, lr, beta1, beta2, epsilon), grad, indices,
-                  use_locking, {"use_nesterov": use_nesterov}, name)
-
-
-def resource_sparse_apply_lazy_adam(var, m, v, beta1_power, beta2_power, lr, beta1, beta2,
-                                    epsilon, grad, indices, use_locking=False,
-                                    use_nesterov=False, name=None):
-    """Lazy Adam on the rows of a resource variable named by ``indices``."""
-    return _apply("lazy_adam", "resource_sparse_apply", var, (m, v),
-                  (beta1_power, beta2_power, lr, beta1, beta2, epsilon), grad, indices,
-                  use_locking, {"use_nesterov": use_nesterov}, name)
-
-
-# --- Adamax ---------------------------------------------------------------------------
-
-def apply_adamax(var, m, v, beta1_power, lr, beta1, beta2, epsilon, grad, use_locking=False,
-                 name=None):
-    """Adamax update of a ref variable (TF ``ApplyAdaMax``'s math); returns the var ref.
-
-    ``m += (g-m)(1-beta1); v = max(beta2·v, |g|); var -= lr/(1-beta1_power) · m/(v+epsilon)``.
-    """
-    return _apply("adamax", "apply", var, (m, v), (beta1_power, lr, beta1, beta2, epsilon),
-                  grad, None, use_locking, {}, name)
-
-
-def resource_apply_adamax(var, m, v, beta1_power, lr, beta1, beta2, epsilon, grad,
-                          use_locking=False, name=None):
-    """Adamax update of a resource variable (see ``apply_adamax``)."""
-    return _apply("adamax", "resource_apply", var, (m, v),
-                  (beta1_power, lr, beta1, beta2, epsilon), grad, None, use_locking, {}, name)
-
-
-def sparse_apply_adamax(var, m, v, beta1_power, lr, beta1, beta2, epsilon, grad, indices,
-                        use_locking=False, name=None):
-    """Lazy Adamax on the rows of a ref variable named by ``indices``; returns the var ref."""
-    return _apply("adamax", "sparse_apply", var, (m, v),
-                  (beta1_power, lr, beta1, beta2, epsilon), grad, indices, use_locking, {}, name)
-
-
-def resource_sparse_apply_adamax(var, m, v, beta1_power, lr, beta1, beta2, epsilon, grad,
-                                 indices, use_locking=False, name=None):
-    """Lazy Adamax on the rows of a resource variable named by ``indices``."""
-    return _apply("adamax", "resource_sparse_apply", var, (m, v),
-                  (beta1_power, lr, beta1, beta2, epsilon), grad, indices, use_locking, {}, name)
-
-
-# --- Adagrad --------------------------------------------------------------------------
-
-def apply_adagrad(var, accum, lr, epsilon, grad, use_locking=False, update_slots=True,
-                  epsilon_inside_sqrt=False, name=None):
-    """Adagrad update of a ref variable; returns the var ref.
-
-    ``accum += g²`` (if ``update_slots``), then ``var -= lr·g/(sqrt(accum)+epsilon)``
-    (TF ``ApplyAdagradV2``, tf_keras), or ``var -= lr·g/sqrt(accum+epsilon)`` with
-    ``epsilon_inside_sqrt`` (Keras 3). ``epsilon=0`` is tf.compat.v1's AdagradOptimizer.
-    """
-    return _apply("adagrad", "apply", var, (accum,), (lr, epsilon), grad, None, use_locking,
-                  {"update_slots": update_slots, "epsilon_inside_sqrt": epsilon_inside_sqrt},
-                  name)
-
-
-def resource_apply_adagrad(var, accum, lr, epsilon, grad, use_locking=False, update_slots=True,
-                           epsilon_inside_sqrt=False, name=None):
-    """Adagrad update of a resource variable (see ``apply_adagrad``)."""
-    return _apply("adagrad", "resource_apply", var, (accum,), (lr, epsilon), grad, None,
-                  use_locking,
-                  {"update_slots": update_slots, "epsilon_inside_sqrt": epsilon_inside_sqrt},
-                  name)
-
-
-def sparse_apply_adagrad(var, accum, lr, epsilon, grad, indices, use_locking=False,
-                         update_slots=True, epsilon_inside_sqrt=False, name=None):
-    """Adagrad on the rows of a ref variable named by ``indices``; returns the var ref."""
-    return _apply("adagrad", "sparse_apply", var, (accum,), (lr, epsilon), grad, indices,
-                  use_locking,
-                  {"update_slots": update_slots, "epsilon_inside_sqrt": epsilon_inside_sqrt},
-                  name)
-
-
-def resource_sparse_apply_adagrad(var, accum, lr, epsilon, grad, indices, use_locking=False,
-                                  update_slots=True, epsilon_inside_sqrt=False, name=None):
-    """Adagrad on the rows of a resource variable named by ``indices``."""
-    return _apply("adagrad", "resource_sparse_apply", var, (accum,), (lr, epsilon), grad,
-                  indices, use_locking,
-                  {"update_slots": update_slots, "epsilon_inside_sqrt": epsilon_inside_sqrt},
-                  name)
+for _rule in RULES:
+    for _variant in VARIANTS:
+        globals()[f"{_variant}_{_rule}"] = _make_wrapper(_rule, _variant)
+del _rule, _variant
 
 
 def xla_cpu_lowering():

@@ -1,15 +1,22 @@
-"""Composed-TF-ops implementation of the fusedopt rules (no custom ops, no .so needed).
+"""Composed-TF-ops implementation of the fusedopt rules (no custom ops).
 
-Used as the fallback where the custom kernels cannot run (XLA / jit_compile, DTensor)
-and as a test oracle. The math is written once per rule (pure functions on tensors);
-``apply_dense`` / ``apply_sparse`` are generic and assign into tf.Variables (resource
-or ref). Half/bfloat16 compute in float32 and round the result once, like the kernels.
+Used where the custom kernels cannot run (DTensor's sharded layouts) and as a test
+oracle. Each rule's math is written once, as ``composed`` in its module
+``fusedopt/rules/<rule>.py``; this module gives every rule of the registry a function of
+the op's arguments (``lazy_adam(var, m, v, grad, **hyper, **options)`` ->
+``(var, m, v)``) and the generic ``apply_dense`` / ``apply_sparse`` /
+``masked_sparse_update``, which assign into tf.Variables (resource or ref).
+Half/bfloat16 compute in float32 and round the result once, like the kernels.
 """
 
 import tensorflow as tf
 
-__all__ = ["RULES", "lazy_adam", "adamax", "adagrad", "apply_dense", "apply_sparse",
-           "masked_sparse_update", "check_indices"]
+from fusedopt import rules
+
+RULES = rules.SPECS  # rule -> {"op_name", "slots", "hyper", "options"}
+
+__all__ = ["RULES", *rules.names(), "apply_dense", "apply_sparse", "masked_sparse_update",
+           "check_indices"]
 
 
 def _compute_dtype(dtype):
@@ -32,57 +39,8 @@ def _prep(var, values, hypers):
     return dtype, out
 
 
-def _finish(dtype, *tensors):
-    return tuple(tf.cast(t, dtype) for t in tensors)
-
-
-def lazy_adam(var, m, v, grad, beta1_power, beta2_power, lr, beta1, beta2, epsilon,
-              use_nesterov=False):
-    """Adam (TF ApplyAdam math). Returns (var, m, v) in var's dtype."""
-    dtype, (var, m, v, g, b1p, b2p, lr, b1, b2, eps) = _prep(
-        var, (m, v, grad), (beta1_power, beta2_power, lr, beta1, beta2, epsilon))
-    m = m + (g - m) * (1 - b1)
-    v = v + (g * g - v) * (1 - b2)
-    alpha = lr * tf.sqrt(1 - b2p) / (1 - b1p)
-    num = m * b1 + (1 - b1) * g if use_nesterov else m
-    var = var - alpha * num / (tf.sqrt(v) + eps)
-    return _finish(dtype, var, m, v)
-
-
-def adamax(var, m, v, grad, beta1_power, lr, beta1, beta2, epsilon):
-    """AdaMax (TF ApplyAdaMax math). Returns (var, m, v) in var's dtype."""
-    dtype, (var, m, v, g, b1p, lr, b1, b2, eps) = _prep(
-        var, (m, v, grad), (beta1_power, lr, beta1, beta2, epsilon))
-    m = m + (g - m) * (1 - b1)
-    v = tf.maximum(b2 * v, tf.abs(g))
-    var = var - lr / (1 - b1p) * m / (v + eps)
-    return _finish(dtype, var, m, v)
-
-
-def adagrad(var, accum, grad, lr, epsilon, update_slots=True, epsilon_inside_sqrt=False):
-    """Adagrad (TF ApplyAdagradV2 math; eps inside the sqrt optionally). Returns (var, accum)."""
-    dtype, (var, accum, g, lr, eps) = _prep(var, (accum, grad), (lr, epsilon))
-    if update_slots:
-        accum = accum + g * g
-    denom = tf.sqrt(accum + eps) if epsilon_inside_sqrt else tf.sqrt(accum) + eps
-    var = var - lr * g / denom
-    return _finish(dtype, var, accum)
-
-
-# Same structure as fusedopt.ops.RULES (kept here so this module needs no .so).
-RULES = {
-    "lazy_adam": dict(slots=["m", "v"],
-                      hyper=["beta1_power", "beta2_power", "lr", "beta1", "beta2", "epsilon"],
-                      options={"use_nesterov": False}),
-    "adamax": dict(slots=["m", "v"], hyper=["beta1_power", "lr", "beta1", "beta2", "epsilon"],
-                   options={}),
-    "adagrad": dict(slots=["accum"], hyper=["lr", "epsilon"],
-                    options={"update_slots": True, "epsilon_inside_sqrt": False}),
-}
-_FNS = {"lazy_adam": lazy_adam, "adamax": adamax, "adagrad": adagrad}
-
-
 def _call_rule(rule, var, slots, grad, kwargs):
+    """(new var, [new slots]) in var's dtype, from the rule's ``composed`` math."""
     if rule not in RULES:
         raise ValueError("unknown rule %r; expected one of %s" % (rule, sorted(RULES)))
     spec = RULES[rule]
@@ -98,8 +56,34 @@ def _call_rule(rule, var, slots, grad, kwargs):
     if len(slots) != len(spec["slots"]):
         raise ValueError("%s takes %d slots (%s), got %d"
                          % (rule, len(spec["slots"]), spec["slots"], len(slots)))
-    out = _FNS[rule](var, *slots, grad, **kwargs)
-    return out[0], out[1:]
+    dtype, values = _prep(var, slots + [grad], [kwargs[h] for h in spec["hyper"]])
+    n = len(slots)
+    hyper = dict(zip(spec["hyper"], values[n + 2:]))
+    options = {o: bool(kwargs.get(o, default)) for o, default in spec["options"].items()}
+    new_var, new_slots = rules.module(rule).composed(values[0], values[1:n + 1], values[n + 1],
+                                                     hyper, options)
+    return tf.cast(new_var, dtype), tuple(tf.cast(s, dtype) for s in new_slots)
+
+
+def _rule_function(rule):
+    spec = RULES[rule]
+
+    def fn(var, *slots_and_grad, **hyper_and_options):
+        *slots, grad = slots_and_grad
+        new_var, new_slots = _call_rule(rule, var, slots, grad, hyper_and_options)
+        return (new_var,) + new_slots
+
+    fn.__name__ = fn.__qualname__ = rule
+    fn.__doc__ = (f"{spec['op_name']} in composed TF ops: "
+                  f"{rule}(var, {', '.join(spec['slots'])}, grad, **hyper, **options) -> "
+                  f"(var, {', '.join(spec['slots'])}) in var's dtype.\n\n"
+                  f"``{rules.module(rule).MATH}``")
+    return fn
+
+
+for _rule in RULES:
+    globals()[_rule] = _rule_function(_rule)
+del _rule
 
 
 def _result(updates):

@@ -11,6 +11,7 @@ missing piece is an error (a stand-in run that skips everything would prove noth
 """
 import importlib
 import os
+import pkgutil
 import sys
 import threading
 import time
@@ -60,25 +61,37 @@ if STANDIN and not (getattr(cp, "IS_STANDIN", False)
 requires_gpu = pytest.mark.skipif(bool(MISSING), reason="no GPU: skipped (missing "
                                   + ", ".join(MISSING) + ")")
 
-RULES = ["lazy_adam", "adamax", "adagrad"]
+# The rules as the C++ registry reports them (a new rule is tested with no line here),
+# with each rule's option sets, slot ranges and hyper-parameters from its NumPy oracle
+# module (tests/numpy_rules; NumPy only, so it also runs on a machine without TF).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from numpy_rules import __path__ as _oracle_path  # noqa: E402
+
+ORACLES = {info.name: importlib.import_module("numpy_rules." + info.name)
+           for info in pkgutil.iter_modules(_oracle_path)}
+RULE_SPECS = core.rules() if core is not None else {}
+RULES = sorted(RULE_SPECS) or sorted(ORACLES)
 DTYPES = ["float16", "bfloat16", "float32", "float64"]
-HYPER = {
-    "lazy_adam": dict(beta1_power=0.9**3, beta2_power=0.999**3, lr=0.01, beta1=0.9, beta2=0.999,
-                      epsilon=1e-7),
-    "adamax": dict(beta1_power=0.9**3, lr=0.01, beta1=0.9, beta2=0.999, epsilon=1e-7),
-    "adagrad": dict(lr=0.1, epsilon=1e-7),
-}
-OPTIONS = {
-    "lazy_adam": [{}, {"use_nesterov": True}],
-    "adamax": [{}],
-    "adagrad": [{}, {"epsilon_inside_sqrt": True}, {"update_slots": False}],
-}
+
+
+def _hyper(rule, step=3):
+    """Hyper-parameters for `step`: the oracle's, with small learning rates and epsilons so
+    a step does not dwarf the state (Adam-like 1e-2 / 1e-7)."""
+    oracle = ORACLES[rule]
+    h = dict(oracle.BASE_HYPER)
+    h.update({k: v * 0.1 for k, v in h.items() if k == "lr"})
+    for power, base in oracle.POWERS.items():
+        h[power] = h[base] ** step
+    return h
+
+
+HYPER = {rule: _hyper(rule) for rule in RULES}
+OPTIONS = {rule: ORACLES[rule].OPTION_SETS for rule in RULES}
 RULE_OPTIONS = [(r, o) for r in RULES for o in OPTIONS[r]]
-NUM_SLOTS = {"lazy_adam": 2, "adamax": 2, "adagrad": 1}
+NUM_SLOTS = {rule: len(ORACLES[rule].SLOTS) for rule in RULES}
 
 
-def np_dtype(dtype):
-    return ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+from numpy_reference import np_dtype  # noqa: E402  (NumPy only; on the GPU machine too)
 
 
 def dtype_arg(dtype):
@@ -87,14 +100,11 @@ def dtype_arg(dtype):
 
 
 def make_state(rule, dtype, shape, rng, grad_rows=None):
-    """var, slots (non-negative where the rule needs it) and grad, as host arrays."""
+    """var, slots (drawn from the oracle's SLOT_RANGES) and grad, as host arrays."""
     t = np_dtype(dtype)
     var = rng.standard_normal(shape).astype(t)
-    slots = [rng.standard_normal(shape).astype(t)]
-    if NUM_SLOTS[rule] == 2:
-        slots.append(np.abs(rng.standard_normal(shape)).astype(t))
-    else:
-        slots = [np.abs(s) + np.asarray(0.1).astype(t) for s in slots]
+    ranges = ORACLES[rule].SLOT_RANGES
+    slots = [rng.uniform(*ranges[name], shape).astype(t) for name in ORACLES[rule].SLOTS]
     grad_shape = shape if grad_rows is None else (grad_rows,) + tuple(shape[1:])
     grad = rng.standard_normal(grad_shape).astype(t)
     return var, slots, grad

@@ -260,25 +260,34 @@ Status ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, int64_t
   return LaunchStatus("sparse update");
 }
 
-// Explicit instantiations: every rule x storage type (x index type).
-#define FUSEDOPT_INSTANTIATE_GPU(Rule, T)                                                       \
-  template Status ApplyDense<Rule, T>(const ParamsFor<Rule, T>&, T*, T* const*, const T*,       \
-                                      int64_t, Stream);                                          \
-  template Status ApplySparse<Rule, T, int32_t>(const ParamsFor<Rule, T>&, T*, T* const*,       \
-                                                int64_t, int64_t, const T*, const int32_t*,      \
-                                                int64_t, TempAllocator&, Stream, IndexCheck*);   \
-  template Status ApplySparse<Rule, T, int64_t>(const ParamsFor<Rule, T>&, T*, T* const*,       \
-                                                int64_t, int64_t, const T*, const int64_t*,      \
-                                                int64_t, TempAllocator&, Stream, IndexCheck*);
-#define FUSEDOPT_INSTANTIATE_GPU_RULE(Rule) \
-  FUSEDOPT_INSTANTIATE_GPU(Rule, half_t)    \
-  FUSEDOPT_INSTANTIATE_GPU(Rule, bfloat16_t) \
-  FUSEDOPT_INSTANTIATE_GPU(Rule, float)     \
-  FUSEDOPT_INSTANTIATE_GPU(Rule, double)
+// Every rule in AllRules x storage type (x index type), instantiated by walking the
+// registry: a new rule needs no line here. Taking each specialisation's address inside an
+// explicitly instantiated member function makes the compiler emit it in this file (the
+// helpers have external linkage so that nothing here may be discarded as unused).
+namespace instantiation {
 
-FUSEDOPT_INSTANTIATE_GPU_RULE(LazyAdamRule)
-FUSEDOPT_INSTANTIATE_GPU_RULE(AdamaxRule)
-FUSEDOPT_INSTANTIATE_GPU_RULE(AdagradRule)
+template <typename Rule, typename T>
+void UseRuleAndType() {
+  static void* volatile sink;
+  sink = reinterpret_cast<void*>(&ApplyDense<Rule, T>);
+  sink = reinterpret_cast<void*>(&ApplySparse<Rule, T, int32_t>);
+  sink = reinterpret_cast<void*>(&ApplySparse<Rule, T, int64_t>);
+}
+
+template <typename List>
+struct InstantiateAll;
+
+template <typename... Rules>
+struct InstantiateAll<RuleList<Rules...>> {
+  static void Run() {
+    ((UseRuleAndType<Rules, half_t>(), UseRuleAndType<Rules, bfloat16_t>(),
+      UseRuleAndType<Rules, float>(), UseRuleAndType<Rules, double>()), ...);
+  }
+};
+
+}  // namespace instantiation
+
+template struct instantiation::InstantiateAll<AllRules>;
 
 }  // namespace gpu
 }  // namespace fusedopt

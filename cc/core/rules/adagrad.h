@@ -26,12 +26,16 @@ struct AdagradRule {
 
   template <typename C>
   static Params<C> Prepare(const C* h, const bool* options) {
-    return {h[0], h[1], options[0], options[1]};
+    constexpr int lr = Index(kHyper, "lr"), epsilon = Index(kHyper, "epsilon");
+    constexpr int update_slots = Index(kOptions, "update_slots"),
+                  epsilon_inside_sqrt = Index(kOptions, "epsilon_inside_sqrt");
+    return {h[lr], h[epsilon], options[update_slots], options[epsilon_inside_sqrt]};
   }
 
   template <typename C>
   FO_HOST_DEVICE static void Update(const Params<C>& p, C& var, C* slot, C g) {
-    C& accum = slot[0];
+    constexpr int accum_slot = Index(kSlots, "accum");
+    C& accum = slot[accum_slot];
     if (p.update_slots) accum += g * g;
     const C denom = p.epsilon_inside_sqrt ? Sqrt(accum + p.epsilon) : Sqrt(accum) + p.epsilon;
     var -= g * p.lr / denom;

@@ -23,13 +23,17 @@ struct AdamaxRule {
 
   template <typename C>
   static Params<C> Prepare(const C* h, const bool*) {
-    return {h[1] / (C(1) - h[0]), C(1) - h[2], h[3], h[4]};
+    constexpr int beta1_power = Index(kHyper, "beta1_power"), lr = Index(kHyper, "lr"),
+                  beta1 = Index(kHyper, "beta1"), beta2 = Index(kHyper, "beta2"),
+                  epsilon = Index(kHyper, "epsilon");
+    return {h[lr] / (C(1) - h[beta1_power]), C(1) - h[beta1], h[beta2], h[epsilon]};
   }
 
   template <typename C>
   FO_HOST_DEVICE static void Update(const Params<C>& p, C& var, C* slot, C g) {
-    C& m = slot[0];
-    C& v = slot[1];
+    constexpr int m_slot = Index(kSlots, "m"), v_slot = Index(kSlots, "v");
+    C& m = slot[m_slot];
+    C& v = slot[v_slot];
     m += (g - m) * p.one_minus_beta1;
     v = MaxPropagateNaN(p.beta2 * v, Abs(g));
     var -= p.step_size * (m / (v + p.epsilon));

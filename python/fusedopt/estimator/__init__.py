@@ -16,8 +16,13 @@ working with fusedopt's optimizers (``fusedopt.compat.v1``) and any
 ``EstimatorSpec`` and ``ModeKeys`` are tf.estimator's where it exists (TF <= 2.15 with
 tensorflow-estimator), else minimal stand-ins with the same fields and values, so the
 replicated model_fn can be called in a ``tf.compat.v1`` graph and run with a Session.
+
+Modules: ``replicate`` (the entry point, the tower loop), ``split`` (batch splitting),
+``placement`` (devices), ``tower_optimizer`` (gradients summed and applied once),
+``merge`` (the towers' specs and metrics as one), ``spec`` (EstimatorSpec/ModeKeys).
 """
-from fusedopt.estimator.replicate import (EstimatorSpec, ModeKeys, TowerOptimizer,
-                                          replicate_model_fn)
+from fusedopt.estimator.replicate import replicate_model_fn
+from fusedopt.estimator.spec import EstimatorSpec, ModeKeys
+from fusedopt.estimator.tower_optimizer import TowerOptimizer
 
 __all__ = ["replicate_model_fn", "TowerOptimizer", "EstimatorSpec", "ModeKeys"]

@@ -1,9 +1,10 @@
 """Fused-kernel drop-in replacements for the Keras optimizers (the current Keras API).
 
-``fusedopt.keras.LazyAdam``, ``Adamax`` and ``Adagrad`` subclass the optimizers of
-``tf.keras.optimizers`` as installed — Keras 3 on TF >= 2.16, Keras 2.15's new optimizer
-on TF 2.15 (or tf_keras's with ``TF_USE_LEGACY_KERAS=1``) — and keep their constructor,
-variables (slot names and layout), configuration and every base-class feature
+``fusedopt.keras.LazyAdam``, ``Adamax``, ``Adagrad``, ... (one per rule of the registry,
+built from the rule's ``KERAS`` spec in ``fusedopt/rules/<rule>.py``) subclass the
+optimizers of ``tf.keras.optimizers`` as installed — Keras 3 on TF >= 2.16, Keras 2.15's
+new optimizer on TF 2.15 (or tf_keras's with ``TF_USE_LEGACY_KERAS=1``) — and keep their
+constructor, variables (slot names and layout), configuration and every base-class feature
 (clipping, weight decay, EMA, loss scaling, gradient accumulation, schedules). Only
 ``update_step`` changes: it runs fusedopt's fused op (``tf.IndexedSlices`` gradients go
 to the sparse op and update the touched rows only: lazy updates), in XLA-compiled steps
@@ -16,9 +17,9 @@ Keras 2 ``OptimizerV2`` classes: ``fusedopt.keras.legacy``; DTensor: ``fusedopt.
 
 import tensorflow as tf
 
+from fusedopt import rules as _rules
 from fusedopt.keras import _dispatch
-
-__all__ = ["LazyAdam", "Adamax", "Adagrad"]
+from fusedopt.rules._front import LearningRate, Power
 
 _optimizers = tf.keras.optimizers
 _register = tf.keras.utils.register_keras_serializable(package="fusedopt")
@@ -29,8 +30,10 @@ def _value(x):
 
 
 class _FusedUpdate:
-    """Mixin: helpers shared by the three optimizers (Keras 3 and Keras 2.15 bases)."""
+    """Mixin: the fused ``update_step`` of a ``Keras`` spec (Keras 3 and Keras 2.15 bases)."""
 
+    _fused_rule = None
+    _fused_spec = None
     _fused_composed = False  # True: always the composed form (DTensor subclasses)
 
     def _slot(self, slots, variable):
@@ -43,43 +46,47 @@ class _FusedUpdate:
             learning_rate = self.learning_rate
         return tf.cast(learning_rate, variable.dtype)
 
-    def _keras_update_step(self, base, gradient, variable, learning_rate):
-        if learning_rate is None:
-            return base.update_step(self, gradient, variable)
-        return base.update_step(self, gradient, variable, learning_rate)
+    def _keeps_own_update(self):
+        return self._fused_spec is not None and self._fused_spec.keeps_own_update(self)
 
     def _deduplicate_sparse_grad(self, grads):
         # Keras 2.15's apply_gradients sums duplicate sparse ids first (tf.unique + a
         # segment sum: a third of a 16K-id embedding step). The fused sparse ops, and the
-        # composed form, sum them themselves, in the same order; Keras's own update
-        # (amsgrad) still gets its deduplicated gradient. Keras 3 has no such step.
-        if getattr(self, "amsgrad", False):
+        # composed form, sum them themselves, in the same order; Keras's own update still
+        # gets its deduplicated gradient. Keras 3 has no such step.
+        if self._keeps_own_update():
             return super()._deduplicate_sparse_grad(grads)
         return grads
+
+    def _hyper(self, variable, learning_rate):
+        dtype = variable.dtype
+        step = tf.cast(self.iterations + 1, dtype)
+        hyper = {}
+        for name, source in self._fused_spec.hyper.items():
+            if isinstance(source, LearningRate):
+                hyper[name] = self._lr(variable, learning_rate)
+            else:
+                value = tf.cast(_value(getattr(self, source.name)), dtype)
+                hyper[name] = tf.pow(value, step) if isinstance(source, Power) else value
+        return hyper
+
+    def update_step(self, gradient, variable, learning_rate=None):
+        if self._keeps_own_update():
+            base = super()
+            return (base.update_step(gradient, variable) if learning_rate is None
+                    else base.update_step(gradient, variable, learning_rate))
+        slots = [self._slot(getattr(self, attr), variable) for attr in self._fused_spec.slots]
+        return self._fused(self._fused_rule, variable, slots, gradient,
+                           self._hyper(variable, learning_rate), self._fused_spec.options)
 
     def _fused(self, rule, variable, slots, gradient, hyper, options=None):
         return _dispatch.apply(rule, variable, slots, gradient, hyper, options,
                                composed=self._fused_composed)
 
 
-@_register
-class LazyAdam(_FusedUpdate, _optimizers.Adam):
-    """Adam with fused kernels; sparse gradients update only the rows they touch.
-
-    Same arguments, variables and dense numbers as ``tf.keras.optimizers.Adam``
-    (``amsgrad=True`` runs Keras's own Adam update). With ``tf.IndexedSlices`` gradients
-    only the rows named by the indices are updated, moments included ("lazy" Adam)::
-
-        m <- beta_1*m + (1-beta_1)*g;  v <- beta_2*v + (1-beta_2)*g*g
-        var <- var - learning_rate*sqrt(1-beta_2^t)/(1-beta_1^t) * m/(sqrt(v)+epsilon)
-
-    Args:
-      learning_rate: float, ``keras.optimizers.schedules.LearningRateSchedule``, or a
-        callable taking no argument and returning the value (default 0.001).
-      beta_1: decay rate of the first moment ``m`` (float or callable, default 0.9).
-      beta_2: decay rate of the second moment ``v`` (float or callable, default 0.999).
-      epsilon: added to ``sqrt(v)`` ("epsilon hat" of the Adam paper, default 1e-7).
-      amsgrad: whether to use AMSGrad (Keras's own update, not fused; default False).
+# The base optimizer's own arguments, documented once; each spec's doc ends with its
+# rule's arguments (an ``Args:`` section) and these follow them.
+_BASE_ARGS = """
       weight_decay: if set, decoupled weight decay (``var -= lr*weight_decay*var``) applied
         before the update, as in Keras.
       clipnorm: if set, each gradient is clipped to this norm.
@@ -99,95 +106,16 @@ class LazyAdam(_FusedUpdate, _optimizers.Adam):
       **kwargs: other keyword arguments of the Keras base optimizer.
     """
 
-    def update_step(self, gradient, variable, learning_rate=None):
-        if self.amsgrad:
-            return self._keras_update_step(_optimizers.Adam, gradient, variable, learning_rate)
-        dtype = variable.dtype
-        step = tf.cast(self.iterations + 1, dtype)
-        beta1 = tf.cast(_value(self.beta_1), dtype)
-        beta2 = tf.cast(_value(self.beta_2), dtype)
-        hyper = dict(beta1_power=tf.pow(beta1, step), beta2_power=tf.pow(beta2, step),
-                     lr=self._lr(variable, learning_rate), beta1=beta1, beta2=beta2,
-                     epsilon=_value(self.epsilon))
-        slots = [self._slot(self._momentums, variable), self._slot(self._velocities, variable)]
-        return self._fused("lazy_adam", variable, slots, gradient, hyper)
+
+def _make_class(rule, spec):
+    cls = type(spec.name, (_FusedUpdate, getattr(_optimizers, spec.base)), {
+        "_fused_rule": rule, "_fused_spec": spec, "__doc__": spec.doc + _BASE_ARGS,
+        "__module__": __name__})
+    return _register(cls)
 
 
-@_register
-class Adamax(_FusedUpdate, _optimizers.Adamax):
-    """Adamax with fused kernels (same arguments, variables and dense numbers as
-    ``tf.keras.optimizers.Adamax``); sparse gradients update only the rows they touch::
-
-        m <- beta_1*m + (1-beta_1)*g;  u <- max(beta_2*u, |g|)
-        var <- var - learning_rate/(1-beta_1^t) * m/(u+epsilon)
-
-    Args:
-      learning_rate: float, ``keras.optimizers.schedules.LearningRateSchedule``, or a
-        callable taking no argument and returning the value (default 0.001).
-      beta_1: decay rate of the first moment ``m`` (float or callable, default 0.9).
-      beta_2: decay rate of the infinity norm ``u`` (float or callable, default 0.999).
-      epsilon: added to ``u`` (default 1e-7).
-      weight_decay: if set, decoupled weight decay (``var -= lr*weight_decay*var``) applied
-        before the update, as in Keras.
-      clipnorm: if set, each gradient is clipped to this norm.
-      clipvalue: if set, each gradient is clipped to ``[-clipvalue, clipvalue]``.
-      global_clipnorm: if set, the gradients are clipped together to this global norm.
-      use_ema: whether to keep an exponential moving average of the weights (Keras's EMA).
-      ema_momentum: momentum of that average (default 0.99).
-      ema_overwrite_frequency: every how many steps the weights are overwritten with their
-        average (None: never; call ``finalize_variable_values()``).
-      loss_scale_factor: Keras 3: the loss is multiplied by it and the gradients divided
-        by it (mixed precision); None: no scaling.
-      gradient_accumulation_steps: Keras 3: apply the mean of this many steps' gradients
-        every this many steps (None: every step).
-      jit_compile: Keras 2.15: compile the update step with XLA (default True; the fused
-        ops have XLA kernels).
-      name: name of the optimizer and of its variables' scope.
-      **kwargs: other keyword arguments of the Keras base optimizer.
-    """
-
-    def update_step(self, gradient, variable, learning_rate=None):
-        dtype = variable.dtype
-        step = tf.cast(self.iterations + 1, dtype)
-        beta1 = tf.cast(_value(self.beta_1), dtype)
-        hyper = dict(beta1_power=tf.pow(beta1, step), lr=self._lr(variable, learning_rate),
-                     beta1=beta1, beta2=_value(self.beta_2), epsilon=_value(self.epsilon))
-        slots = [self._slot(self._m, variable), self._slot(self._u, variable)]
-        return self._fused("adamax", variable, slots, gradient, hyper)
-
-
-@_register
-class Adagrad(_FusedUpdate, _optimizers.Adagrad):
-    """Adagrad with fused kernels (same arguments, variables and dense numbers as
-    ``tf.keras.optimizers.Adagrad``: ``var -= lr*g/sqrt(accumulator + epsilon)``);
-    sparse gradients update only the rows they touch.
-
-    Args:
-      learning_rate: float, ``keras.optimizers.schedules.LearningRateSchedule``, or a
-        callable taking no argument and returning the value (default 0.001).
-      initial_accumulator_value: starting value of the accumulators (default 0.1).
-      epsilon: added to the accumulator inside the square root (default 1e-7).
-      weight_decay: if set, decoupled weight decay (``var -= lr*weight_decay*var``) applied
-        before the update, as in Keras.
-      clipnorm: if set, each gradient is clipped to this norm.
-      clipvalue: if set, each gradient is clipped to ``[-clipvalue, clipvalue]``.
-      global_clipnorm: if set, the gradients are clipped together to this global norm.
-      use_ema: whether to keep an exponential moving average of the weights (Keras's EMA).
-      ema_momentum: momentum of that average (default 0.99).
-      ema_overwrite_frequency: every how many steps the weights are overwritten with their
-        average (None: never; call ``finalize_variable_values()``).
-      loss_scale_factor: Keras 3: the loss is multiplied by it and the gradients divided
-        by it (mixed precision); None: no scaling.
-      gradient_accumulation_steps: Keras 3: apply the mean of this many steps' gradients
-        every this many steps (None: every step).
-      jit_compile: Keras 2.15: compile the update step with XLA (default True; the fused
-        ops have XLA kernels).
-      name: name of the optimizer and of its variables' scope.
-      **kwargs: other keyword arguments of the Keras base optimizer.
-    """
-
-    def update_step(self, gradient, variable, learning_rate=None):
-        hyper = dict(lr=self._lr(variable, learning_rate), epsilon=_value(self.epsilon))
-        slots = [self._slot(self._accumulators, variable)]
-        return self._fused("adagrad", variable, slots, gradient, hyper,
-                           {"epsilon_inside_sqrt": True})
+__all__ = []
+for _rule, _spec in _rules.front_end_specs("KERAS"):
+    globals()[_spec.name] = _make_class(_rule, _spec)
+    __all__.append(_spec.name)
+del _rule, _spec

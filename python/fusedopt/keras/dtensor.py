@@ -22,6 +22,7 @@ them); they map to the base optimizer's keyword arguments, which are also accept
 
 import tensorflow as tf
 
+from fusedopt import rules as _rules
 from fusedopt.keras import _FusedUpdate, _dispatch
 from fusedopt.keras.legacy import _keras2
 
@@ -103,12 +104,13 @@ class Adagrad(_FusedUpdate, _keras.optimizers.Adagrad):
         self._variables.append(variable)
         return variable
 
-    def update_step(self, gradient, variable, learning_rate=None):
-        hyper = dict(lr=self._lr(variable, learning_rate), epsilon=self.epsilon)
-        slots = [self._slot(self._accumulators, variable)]
-        return _dispatch.apply("adagrad", variable, slots, gradient, hyper,
-                               {"epsilon_inside_sqrt": True},
-                               composed=self._fused_composed or _needs_composed(
-                                   variable, bool(getattr(self, "_mesh", None)) or
-                                   bool(getattr(self, "_run_with_dtensor", False))))
+    # The update is the KERAS spec of the adagrad rule (fusedopt.keras.Adagrad's), with
+    # the composed form wherever DTensor cannot run the custom op.
+    _fused_rule = "adagrad"
+    _fused_spec = _rules.module("adagrad").KERAS
 
+    def _fused(self, rule, variable, slots, gradient, hyper, options=None):
+        on_mesh = bool(getattr(self, "_mesh", None)) or \
+            bool(getattr(self, "_run_with_dtensor", False))
+        return _dispatch.apply(rule, variable, slots, gradient, hyper, options,
+                               composed=self._fused_composed or _needs_composed(variable, on_mesh))

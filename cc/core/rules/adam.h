@@ -1,13 +1,14 @@
-// LazyAdam: Adam's update (TF ApplyAdam / Keras Adam), applied lazily by the sparse
-// engine, i.e. only touched rows of var, m and v change.
-#ifndef FUSEDOPT_CC_CORE_RULES_LAZY_ADAM_H_
-#define FUSEDOPT_CC_CORE_RULES_LAZY_ADAM_H_
+// Adam's update (TF ApplyAdam / Keras Adam). Its ops and Python name say LazyAdam: the
+// sparse engine applies it lazily (only touched rows of var, m and v change), as every
+// rule; the math is plain Adam.
+#ifndef FUSEDOPT_CC_CORE_RULES_ADAM_H_
+#define FUSEDOPT_CC_CORE_RULES_ADAM_H_
 
 #include "cc/core/rule.h"
 
 namespace fusedopt {
 
-struct LazyAdamRule {
+struct AdamRule {
   static constexpr const char* kOpName = "LazyAdam";
   static constexpr const char* kPyName = "lazy_adam";
   static constexpr std::array<const char*, 2> kSlots = {"m", "v"};
@@ -24,15 +25,20 @@ struct LazyAdamRule {
 
   template <typename C>
   static Params<C> Prepare(const C* h, const bool* options) {
-    const C beta1_power = h[0], beta2_power = h[1], lr = h[2];
-    return {lr * Sqrt(C(1) - beta2_power) / (C(1) - beta1_power), h[3], C(1) - h[3],
-            C(1) - h[4], h[5], options[0]};
+    constexpr int beta1_power = Index(kHyper, "beta1_power"), beta2_power = Index(kHyper, "beta2_power"),
+                  lr = Index(kHyper, "lr"), beta1 = Index(kHyper, "beta1"),
+                  beta2 = Index(kHyper, "beta2"), epsilon = Index(kHyper, "epsilon");
+    constexpr int use_nesterov = Index(kOptions, "use_nesterov");
+    return {h[lr] * Sqrt(C(1) - h[beta2_power]) / (C(1) - h[beta1_power]), h[beta1],
+            C(1) - h[beta1], C(1) - h[beta2], h[epsilon],
+            options[use_nesterov]};
   }
 
   template <typename C>
   FO_HOST_DEVICE static void Update(const Params<C>& p, C& var, C* slot, C g) {
-    C& m = slot[0];
-    C& v = slot[1];
+    constexpr int m_slot = Index(kSlots, "m"), v_slot = Index(kSlots, "v");
+    C& m = slot[m_slot];
+    C& v = slot[v_slot];
     m += (g - m) * p.one_minus_beta1;
     v += (g * g - v) * p.one_minus_beta2;
     const C direction = p.use_nesterov ? g * p.one_minus_beta1 + p.beta1 * m : m;
@@ -42,4 +48,4 @@ struct LazyAdamRule {
 
 }  // namespace fusedopt
 
-#endif  // FUSEDOPT_CC_CORE_RULES_LAZY_ADAM_H_
+#endif  // FUSEDOPT_CC_CORE_RULES_ADAM_H_

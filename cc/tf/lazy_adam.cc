@@ -1,5 +1,0 @@
-// Registers the LazyAdam ops and their CPU kernels (see kernels.h).
-#include "cc/core/rules/lazy_adam.h"
-#include "cc/tf/kernels.h"
-
-FUSEDOPT_REGISTER_OPTIMIZER(LazyAdamRule);

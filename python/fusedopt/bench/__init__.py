@@ -1,0 +1,23 @@
+"""``python -m fusedopt.bench``: fusedopt against what users would otherwise pick.
+
+Every scenario runs all its contenders in this one process, interleaved (the order
+rotates every repeat), several repeats, and reports the median step time, the spread
+(min..max over repeats) and each contender's time as a multiple of fusedopt's. Before
+timing, every contender runs the same steps from the same initial values and its
+result is compared with fusedopt's op of the same semantics (lazy contenders with the
+sparse op, dense-update contenders with the dense op on the densified gradient), so
+the benchmark compares like with like. ``--quick`` shrinks every size (CI smoke run).
+
+Scenarios: sparse embedding step (every rule), the sparse step under XLA (jit_compile)
+at two table sizes, dense step, scaling with touched rows and with table rows, achieved
+memory bandwidth, many small variables. Outputs: ``<out>/results.json``,
+``<out>/benchmarks.png`` and the markdown report (``--markdown``, e.g. BENCHMARKS.md).
+
+Modules: ``contenders`` (who runs, per rule: the one table to extend), ``sparse``,
+``dense`` and ``memory`` (the scenarios), ``timing`` (checks and interleaved timing),
+``aims``, ``report`` (markdown, plot), ``cli`` (flags, results.json), ``config``.
+"""
+from fusedopt.bench.cli import SCENARIOS, main
+from fusedopt.bench.memory import huge_pages_available
+
+__all__ = ["main", "SCENARIOS", "huge_pages_available"]

@@ -1,0 +1,5 @@
+import sys
+
+from fusedopt.bench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,72 @@
+"""The issue's aims (targets the benchmark was built to show), for the scenarios present."""
+
+def aim(text, value, target, at_most=False):
+    met = value <= target if at_most else value >= target
+    return {"aim": text, "value": value, "target": ("<= " if at_most else ">= ") + str(target),
+            "met": met}
+
+
+def sparse_aims(sparse):
+    lazy = sparse["lazy_adam"]
+    rows = [aim("sparse LazyAdam vs tf.keras Adam", lazy["tf.keras Adam"]["x_fusedopt"], 10),
+            aim("sparse LazyAdam vs composed gather/scatter",
+                lazy["composed gather/scatter"]["x_fusedopt"], 2)]
+    if "tensorflow_addons LazyAdam" in lazy:
+        rows.append(aim("sparse LazyAdam vs tensorflow_addons LazyAdam",
+                        lazy["tensorflow_addons LazyAdam"]["x_fusedopt"], 2))
+    if "torch SparseAdam" in lazy:
+        rows.append(aim("sparse LazyAdam vs torch SparseAdam",
+                        lazy["torch SparseAdam"]["x_fusedopt"], 1))
+    rows.append(aim("sparse Adagrad vs TF fused (+dedup)",
+                    sparse["adagrad"]["TF ResourceSparseApplyAdagradV2 (+dedup)"]["x_fusedopt"], 1))
+    return rows
+
+
+def sparse_xla_aims(tables):
+    small_rows, large_rows = min(tables, key=int), max(tables, key=int)
+    small, large = tables[small_rows], tables[large_rows]
+    ours = "fusedopt.keras.LazyAdam, XLA"
+    if ours not in large:
+        return []
+    return [aim(f"XLA step at {int(large_rows):,} rows / at {int(small_rows):,}",
+                large[ours]["median_ms"] / small[ours]["median_ms"], 1.5, at_most=True),
+            aim("sparse under XLA: Keras 3 Adam (XLA) vs fusedopt.keras.LazyAdam (XLA)",
+                large["tf.keras Adam, XLA"]["x_fusedopt"], 10),
+            aim("sparse under XLA: fusedopt.keras (XLA) / fusedopt op without XLA",
+                1 / large["fusedopt (raw op), no XLA"]["x_fusedopt"], 2, at_most=True)]
+
+
+def dense_aims(dense):
+    rows = []
+    for rule, contenders in dense.items():
+        rows.append(aim(f"dense {rule} vs TF fused kernel",
+                        contenders["TF fused kernel"]["x_fusedopt"], 1))
+        rows.append(aim(f"dense {rule} vs tf.keras composed",
+                        contenders["tf.keras (composed)"]["x_fusedopt"], 2))
+    return rows
+
+
+def scaling_aims(scaling):
+    rows = []
+    for key, pages in [("table_rows", "4 KB pages"), ("table_rows_huge_pages", "huge pages")]:
+        tables = scaling.get(key)
+        if tables:
+            small, large = min(tables, key=int), max(tables, key=int)
+            rows.append(aim(f"step time at {int(large):,} table rows / at {int(small):,} ({pages})",
+                            tables[large] / tables[small], 1.3, at_most=True))
+    return rows
+
+
+def aims(results):
+    """[{aim, value, target, met}] for the scenarios present in results."""
+    rows = []
+    if "sparse" in results:
+        rows += sparse_aims(results["sparse"])
+    if "sparse_xla" in results:
+        rows += sparse_xla_aims(results["sparse_xla"])
+    if "dense" in results:
+        rows += dense_aims(results["dense"])
+    if "bandwidth" in results:
+        rows.append(aim("dense Adam op, % of measured bandwidth",
+                        results["bandwidth"]["fusedopt_op_adam_pct"], 60))
+    return rows + scaling_aims(results.get("scaling", {}))

@@ -1,0 +1,134 @@
+"""``python -m fusedopt.bench [flags]``: runs the selected scenarios, saves and reports."""
+import argparse
+import gc
+import json
+import os
+import platform
+import sys
+import time
+
+from fusedopt.bench import dense, libraries, memory, sparse
+from fusedopt.bench.aims import aims
+from fusedopt.bench.config import THREADS, sizes
+from fusedopt.bench.report import CONTENDER_TABLES, markdown, plot
+
+SCENARIOS = ("sparse", "sparse_xla", "dense", "scaling", "bandwidth", "many_small")
+
+
+def run_scenario(name, tf, cfg, progress, quick):
+    if name == "scaling":  # its child process must use the same sizes
+        return memory.scenario_scaling(tf, cfg, progress, quick)
+    scenario = {"sparse": sparse.scenario_sparse, "sparse_xla": sparse.scenario_sparse_xla,
+                "dense": dense.scenario_dense, "bandwidth": memory.scenario_bandwidth,
+                "many_small": dense.scenario_many_small}[name]
+    return scenario(tf, cfg, progress)
+
+
+def parse_args(argv):
+    from fusedopt import bench
+
+    p = argparse.ArgumentParser(prog="python -m fusedopt.bench",
+                                description=bench.__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run for CI")
+    p.add_argument("--out", default="bench_results", help="directory for results.json and the plot")
+    p.add_argument("--markdown", help="also write the markdown report to this file")
+    p.add_argument("--table-scaling-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--scenarios", default=",".join(SCENARIOS),
+                   help="comma-separated subset to (re)run; the others are kept from "
+                        "<out>/results.json when it exists")
+    args = p.parse_args(argv)
+    args.scenarios = set(args.scenarios.split(","))
+    unknown = args.scenarios - set(SCENARIOS)
+    if unknown:
+        p.error(f"unknown scenarios {sorted(unknown)}; choose from {', '.join(SCENARIOS)}")
+    return args
+
+
+def import_tensorflow():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    tf.get_logger().setLevel("ERROR")  # each contender has its own tf.function: no retrace noise
+    tf.config.threading.set_intra_op_parallelism_threads(THREADS)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    return tf
+
+
+def environment(tf, args, cfg):
+    torch = libraries.torch()
+    keras_version = getattr(tf.keras, "__version__", None) or __import__("keras").__version__
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "tensorflow": tf.__version__, "keras": keras_version,
+            "torch": torch.__version__ if torch else None,
+            "python": sys.version.split()[0], "quick": args.quick, "config": cfg,
+            "load_average_at_start": os.getloadavg()}
+
+
+def start_results(tf, args, cfg):
+    """The results of an earlier run in --out, when only some scenarios are re-run, and
+    this run's environment (which names the earlier run)."""
+    previous = {}
+    existing = os.path.join(args.out, "results.json")
+    if args.scenarios != set(SCENARIOS) and os.path.exists(existing):
+        with open(existing) as f:
+            previous = json.load(f)
+    results = dict(previous)
+    results["environment"] = environment(tf, args, cfg)
+    if previous:
+        results["environment"]["rerun_scenarios"] = sorted(args.scenarios)
+        results["environment"]["earlier_run"] = previous["environment"]
+    return results
+
+
+def save(results, out):
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1, default=str)
+
+
+def mismatches(results):
+    """The contenders whose numbers differ from their fusedopt oracle's."""
+    found = [(block, table, name) for _, block in CONTENDER_TABLES
+             for table, rows in results.get(block, {}).items() for name, r in rows.items()
+             if not name.startswith("_") and not r["match"]]
+    return found + [("many_small", name) for name, r in results.get("many_small", {}).items()
+                    if not r["match"]]
+
+
+def write_report(results, args, argv):
+    command = "python -m fusedopt.bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    report = markdown(results, command.strip())
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(report)
+    print(report)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    tf = import_tensorflow()
+    cfg = sizes(args.quick)
+    if args.table_scaling_child:  # run by scenario_scaling with huge pages enabled
+        return memory.table_scaling_child(tf, cfg)
+    os.makedirs(args.out, exist_ok=True)
+    started = time.time()
+
+    def progress(msg):
+        print(f"[{time.time() - started:6.1f}s] {msg}", flush=True)
+
+    results = start_results(tf, args, cfg)
+    for name in SCENARIOS:
+        if name in args.scenarios:
+            results[name] = run_scenario(name, tf, cfg, progress, args.quick)
+            gc.collect()  # the previous scenario's variables (GBs at full size)
+            save(results, args.out)  # after every scenario: a late failure keeps the rest
+    results["aims"] = aims(results)
+    save(results, args.out)
+    plotted = plot(results, os.path.join(args.out, "benchmarks.png"))
+    write_report(results, args, argv)
+    progress(f"done; plot {'written' if plotted else 'skipped (no matplotlib)'}")
+    if mismatches(results):
+        print("contenders whose numbers differ from fusedopt's:", mismatches(results),
+              file=sys.stderr)
+        return 1
+    return 0

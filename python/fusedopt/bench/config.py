@@ -1,0 +1,21 @@
+"""The benchmark's fixed settings: threads, hyper-parameters and problem sizes."""
+
+THREADS = 2  # TF intra-op, torch and fusedopt._core: the same for every contender
+BETA1, BETA2, EPS, LR = 0.9, 0.999, 1e-7, 1e-3
+
+
+def sizes(quick):
+    """Problem sizes and step counts; `quick`: tiny ones, for the CI smoke run."""
+    if quick:
+        return dict(rows=2000, dim=8, ids=300, check_steps=3, steps=3, repeats=2,
+                    dense_params=4096, dense_steps=3, bandwidth_params=1 << 16,
+                    touched=[16, 64], tables=[1000, 4000],
+                    scaling_table=4000, scaling_ids=64, scaling_steps=3,
+                    small_vars=20, small_size=64, small_steps=2, xla_tables=[500, 2000])
+    return dict(rows=1_000_000, dim=64, ids=16_384, check_steps=3, steps=20, repeats=5,
+                dense_params=16 * 2**20, dense_steps=10, bandwidth_params=1 << 27,
+                touched=[1024, 4096, 16384, 65536, 262144],
+                tables=[100_000, 1_000_000, 10_000_000],
+                scaling_table=1_000_000, scaling_ids=16_384, scaling_steps=20,
+                small_vars=500, small_size=4096, small_steps=10,
+                xla_tables=[10_000, 1_000_000])

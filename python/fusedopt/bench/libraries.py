@@ -1,0 +1,41 @@
+"""The libraries contenders come from, each imported on demand: None where not installed.
+
+Every contender names one of these loaders (``contenders.py``), so a missing optional
+library drops its contenders instead of failing the run.
+"""
+import importlib
+import warnings
+
+from fusedopt.bench.config import THREADS
+
+
+def _optional(name):
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
+
+
+def tensorflow():
+    return importlib.import_module("tensorflow")
+
+
+def torch():
+    module = _optional("torch")
+    if module is not None:
+        module.set_num_threads(THREADS)
+    return module
+
+
+def tf_keras():
+    return _optional("tf_keras")
+
+
+def tensorflow_addons():
+    with warnings.catch_warnings():  # its end-of-life notice
+        warnings.simplefilter("ignore")
+        return _optional("tensorflow_addons")
+
+
+def fusedopt_keras():
+    return _optional("fusedopt.keras")

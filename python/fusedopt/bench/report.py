@@ -1,0 +1,146 @@
+"""The benchmark's results as a markdown report and a plot."""
+import json
+
+from fusedopt.bench.config import THREADS
+
+# Scenarios whose results are {table: {contender: row}}, with their report titles.
+CONTENDER_TABLES = [("Sparse embedding step", "sparse"),
+                    ("Sparse step under XLA (jit_compile), LazyAdam, by table rows", "sparse_xla"),
+                    ("Dense step", "dense")]
+
+
+def _load_averages(values):
+    return ", ".join(f"{x:.1f}" for x in values)
+
+
+def header(results, command):
+    env = results["environment"]
+    rerun = ""
+    if "earlier_run" in env:
+        early = env["earlier_run"]
+        rerun = (f"Re-ran {', '.join(env['rerun_scenarios'])}; the other scenarios are from "
+                 f"the run of {early['date']} (load average at start "
+                 f"{_load_averages(early['load_average_at_start'])}).  ")
+    return [f"Command: `{command}`  ", rerun, f"Date: {env['date']}; machine: {env['machine']} "
+            f"(load average at start: {_load_averages(env['load_average_at_start'])}); "
+            f"TF {env['tensorflow']}; tf.keras = Keras {env['keras']}; torch {env['torch']}; "
+            f"threads pinned to {THREADS} (TF intra-op, torch, fusedopt._core); inter-op 1.", ""]
+
+
+def contender_table(title, key, tables):
+    """One section: a table of contenders per rule (or, under XLA, per table size)."""
+    dense = key == "dense"  # with achieved bandwidth
+    lines = [f"### {title}"]
+    for table, rows in tables.items():
+        if key == "sparse_xla":
+            table = f"{int(table):,} rows"
+        meta = rows.get("_meta", {})
+        lines += ["", f"**{table}** {json.dumps(meta) if meta else ''}", "",
+                  "| contender | median ms | min..max ms | x fusedopt | checked vs | max rel err |"
+                  + (" GB/s |" if dense else ""),
+                  "|---|---|---|---|---|---|" + ("---|" if dense else "")]
+        for name, r in rows.items():
+            if name.startswith("_"):
+                continue
+            lines.append(f"| {name} | {r['median_ms']:.2f} | {r['min_ms']:.2f}..{r['max_ms']:.2f} | "
+                         f"{r['x_fusedopt']:.2f} | {r['semantics']} | {r['max_rel_error']:.1e} |"
+                         + (f" {r['GB_per_s']:.1f} |" if dense else ""))
+    return lines + [""]
+
+
+def scaling_section(scaling):
+    huge = {int(k): v for k, v in scaling.get("table_rows_huge_pages", {}).items()}
+    lines = ["### Scaling (fusedopt sparse LazyAdam, ms per step)", "",
+             "| touched rows | ms |", "|---|---|"]
+    lines += [f"| {int(k):,} | {v:.2f} |" for k, v in scaling["touched_rows"].items()]
+    lines += ["", "| table rows | ms, 4 KB pages | ms, huge pages "
+              "(`GLIBC_TUNABLES=glibc.malloc.hugetlb=1`) |", "|---|---|---|"]
+    lines += [f"| {int(k):,} | {v:.2f} | " + (f"{huge[int(k)]:.2f} |" if int(k) in huge else "n/a |")
+              for k, v in scaling["table_rows"].items()]
+    return lines + [""]
+
+
+def bandwidth_section(bw, repeats):
+    probes = ", ".join(f"{k} {v:.1f} GB/s" for k, v in bw["measured_GB_per_s"].items())
+    return ["### Memory bandwidth", "",
+            f"Arrays of {bw['params']:,} float32 each. Probes (`fusedopt._core.memory_bandwidth`, "
+            f"best of {repeats}): {probes}. "
+            f"Dense Adam moves 28 bytes/parameter: fused op {bw['fusedopt_op_adam_GB_per_s']:.1f} GB/s "
+            f"({bw['fusedopt_op_adam_pct']:.0f}% of the best probe), raw kernel via fusedopt._core "
+            f"{bw['fusedopt_core_adam_GB_per_s']:.1f} GB/s ({bw['fusedopt_core_adam_pct']:.0f}%).", ""]
+
+
+def many_small_section(rows):
+    lines = ["### Many small variables (one step)", "", "| contender | median ms | x fusedopt |",
+             "|---|---|---|"]
+    lines += [f"| {k} | {v['median_ms']:.2f} | {v['x_fusedopt']:.2f} |" for k, v in rows.items()]
+    return lines + [""]
+
+
+def aims_section(aims):
+    lines = ["### Aims", "", "| aim | value | target | met |", "|---|---|---|---|"]
+    return lines + [f"| {a['aim']} | {a['value']:.2f} | {a['target']} | "
+                    f"{'yes' if a['met'] else '**no**'} |" for a in aims]
+
+
+def markdown(results, command):
+    lines = header(results, command)
+    for title, key in CONTENDER_TABLES:
+        if key in results:
+            lines += contender_table(title, key, results[key])
+    if "scaling" in results:
+        lines += scaling_section(results["scaling"])
+    if "bandwidth" in results:
+        lines += bandwidth_section(results["bandwidth"],
+                                   results["environment"]["config"]["repeats"])
+    if "many_small" in results:
+        lines += many_small_section(results["many_small"])
+    return "\n".join(lines + aims_section(results["aims"])) + "\n"
+
+
+def _speedup_bars(ax, results):
+    """Each contender's step time as a multiple of fusedopt's, sparse and dense."""
+    names, values = [], []
+    for block in ("sparse", "dense"):
+        for rule, rows in results.get(block, {}).items():
+            for name, r in rows.items():
+                if not name.startswith("_") and not name.startswith("fusedopt (raw"):
+                    names.append(f"{block} {rule}: {name}")
+                    values.append(r["x_fusedopt"])
+    ax.barh(names, values)
+    ax.axvline(1, color="k", lw=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("step time / fusedopt's (higher = fusedopt faster)")
+    ax.tick_params(axis="y", labelsize=6)
+
+
+def _scaling_lines(touched_ax, table_ax, scaling):
+    for ax, key, label, legend in [(touched_ax, "touched_rows", "touched rows", "1M-row table"),
+                                   (table_ax, "table_rows", "table rows", "4 KB pages"),
+                                   (table_ax, "table_rows_huge_pages", "table rows", "huge pages")]:
+        if key not in scaling:
+            continue
+        ax.plot([int(k) for k in scaling[key]], list(scaling[key].values()), "o-", label=legend)
+        ax.set_xscale("log")
+        if key == "touched_rows":
+            ax.set_yscale("log")  # linear work shows as a straight line
+        ax.set_xlabel(label)
+        ax.set_ylabel("ms / step (fusedopt sparse LazyAdam)")
+    touched_ax.legend()
+    table_ax.legend()
+
+
+def plot(results, path):
+    """Writes the plot to path; False where matplotlib is not installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5))
+    _speedup_bars(axes[0], results)
+    _scaling_lines(axes[1], axes[2], results.get("scaling", {}))
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    return True

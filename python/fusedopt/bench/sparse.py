@@ -1,0 +1,207 @@
+"""The sparse embedding step, per rule and under XLA: the problem, the contenders' steps."""
+import functools
+import gc
+import os
+
+import numpy as np
+
+from fusedopt.bench import libraries
+from fusedopt.bench.contenders import RULES, add_optimizer
+from fusedopt.bench.timing import check_and_time, cycling, quiet_function
+
+XLA_RULE = "lazy_adam"  # the rule of the "sparse step under XLA" scenario
+
+
+def zipf_ids(rng, rows, n, a=1.1):
+    return ((rng.zipf(a, n) - 1) % rows).astype(np.int64)
+
+
+class Problem:
+    """Initial table and fixed sparse gradients, shared by all contenders.
+
+    `batches` (timed) draw Zipf ids with many duplicates, as embedding lookups do.
+    `check_batches` have unique ids: Keras 3 squares (Adam, Adagrad) or takes |g| (Adamax)
+    of each duplicate separately before summing, so with duplicates its numbers differ
+    from every "sum duplicates first" implementation (TF v1, tf_keras, torch, fusedopt).
+    """
+
+    def __init__(self, rows, dim, ids, check_steps, seed=0):
+        rng = np.random.default_rng(seed)
+        self.rows, self.dim = rows, dim
+        self.init = rng.normal(0, 0.05, (rows, dim)).astype(np.float32)
+        self.batches = [(zipf_ids(rng, rows, ids),
+                         rng.normal(0, 1, (ids, dim)).astype(np.float32)) for _ in range(2)]
+        self.check_batches = [(rng.choice(rows, min(ids, rows), replace=False).astype(np.int64),
+                               rng.normal(0, 1, (min(ids, rows), dim)).astype(np.float32))
+                              for _ in range(check_steps)]
+
+
+class SparseSteps:
+    """Builders of one rule's contenders on a Problem.
+
+    Each takes the (ids, grad) batches to cycle through and returns (step, variable).
+    """
+
+    def __init__(self, tf, problem, rule):
+        from fusedopt import ops
+
+        self.tf, self.problem, self.rule_name, self.rule = tf, problem, rule, RULES[rule]
+        self.shape = (problem.rows, problem.dim)
+        self.sparse_op = getattr(ops, f"resource_sparse_apply_{rule}")
+        self.dense_op = getattr(ops, f"resource_apply_{rule}")
+
+    def _variables(self):
+        tf = self.tf
+        var = tf.Variable(self.problem.init)
+        slots = [tf.Variable(tf.fill(self.shape, self.rule.slot_init)) for _ in self.rule.slots]
+        return var, slots
+
+    def _cycling(self, update, batches, pass_step=True):
+        """Cycles update(ids, grad[, t as a float tensor]) through batches, as constants."""
+        tf = self.tf
+        constants = [(tf.constant(i), tf.constant(g)) for i, g in batches]
+        if pass_step:  # a tensor, so that the tf.function does not retrace every step
+            return cycling(lambda i, g, t: update(i, g, tf.constant(float(t))), constants)
+        return cycling(lambda i, g, t: update(i, g), constants)
+
+    def _densified(self, grad, ids):
+        tf = self.tf
+        return tf.convert_to_tensor(tf.IndexedSlices(grad, ids, tf.constant(self.shape, tf.int64)))
+
+    def fused(self, batches, jit_compile=False, options=None):
+        """fusedopt's sparse op; options default to the rule's Keras form."""
+        var, slots = self._variables()
+        options = self.rule.keras_options if options is None else options
+        update = quiet_function(self.tf, lambda i, g, t: self.sparse_op(
+            var, *slots, **self.rule.hyper(t), grad=g, indices=i, **options), jit_compile)
+        return self._cycling(update, batches), var
+
+    def fused_hlo(self, batches):
+        """The XLA lowering XLA:GPU runs, here on the CPU."""
+        step, var = self.fused(batches, jit_compile=True)
+
+        def hlo_step():  # the lowering is chosen when the step compiles, at its first call
+            os.environ["FUSEDOPT_XLA_LOWERING"] = "hlo"
+            try:
+                step()
+            finally:
+                del os.environ["FUSEDOPT_XLA_LOWERING"]
+        return hlo_step, var
+
+    def fused_dense_semantics(self, batches):
+        """The oracle for contenders that update every row: the dense op, densified grad."""
+        var, slots = self._variables()
+        update = quiet_function(self.tf, lambda i, g, t: self.dense_op(
+            var, *slots, **self.rule.hyper(t), grad=self._densified(g, i),
+            **self.rule.keras_options))
+        return self._cycling(update, batches), var
+
+    def composed(self, batches):
+        """The tensorflow-addons approach (gather, update, scatter) in composed TF ops."""
+        from fusedopt import reference
+
+        var, slots = self._variables()
+        update = quiet_function(self.tf, lambda i, g, t: reference.apply_sparse(
+            self.rule_name, var, slots, g, i, **self.rule.hyper(t), **self.rule.keras_options))
+        return self._cycling(update, batches), var
+
+    def optimizer(self, make_optimizer, batches, jit_compile=False):
+        """An optimizer object's apply_gradients on an IndexedSlices gradient."""
+        tf = self.tf
+        var = tf.Variable(self.problem.init)
+        opt = make_optimizer()
+
+        @tf.function(jit_compile=jit_compile)
+        def update(i, g):
+            opt.apply_gradients([(tf.IndexedSlices(g, i, tf.constant(self.shape, tf.int64)),
+                                  var)])
+        return self._cycling(update, batches, pass_step=False), var
+
+    def tf_sparse_kernel(self, batches):
+        """TF's own fused sparse kernel, fed deduplicated rows (it needs unique ids)."""
+        tf = self.tf
+        var, slots = self._variables()
+        kernel = getattr(tf.raw_ops, self.rule.tf_sparse_kernel)
+
+        @tf.function
+        def update(i, g, t):
+            unique, pos = tf.unique(i)
+            summed = tf.math.unsorted_segment_sum(g, pos, tf.shape(unique)[0])
+            kernel(**self.rule.tf_kernel_variables(var, slots), **self.rule.hyper(t), grad=summed,
+                   indices=unique)
+        return self._cycling(update, batches), var
+
+    def torch(self, make_optimizer, batches):
+        """A torch optimizer on a sparse Embedding's sparse gradient."""
+        torch = libraries.torch()
+        emb = torch.nn.Embedding(self.problem.rows, self.problem.dim, sparse=True)
+        with torch.no_grad():
+            emb.weight.copy_(torch.from_numpy(self.problem.init))
+        opt = make_optimizer(emb.parameters())
+
+        def update(i, g, t):
+            emb.weight.grad = torch.sparse_coo_tensor(i[None], g, self.shape)
+            opt.step()
+        return cycling(update, [(torch.from_numpy(i), torch.from_numpy(g))
+                                for i, g in batches]), emb.weight
+
+
+def rule_contenders(tf, problem, rule):
+    """({name: (make, semantics)}, {semantics: make}) of one rule's sparse scenario."""
+    steps, entry = SparseSteps(tf, problem, rule), RULES[rule]
+    contenders = {"fusedopt (raw op)": (steps.fused, "lazy"),
+                  "composed gather/scatter": (steps.composed, "lazy")}
+    oracles = {"lazy": steps.fused, "dense": steps.fused_dense_semantics}
+    if entry.tf_sparse_kernel:
+        contenders[f"TF {entry.tf_sparse_kernel} (+dedup)"] = (steps.tf_sparse_kernel,
+                                                               "lazy_eps_out")
+        oracles["lazy_eps_out"] = functools.partial(steps.fused, options={})
+    for optimizer in (entry.keras, *entry.sparse_optimizers, entry.fusedopt_keras):
+        add_optimizer(contenders, optimizer, steps.optimizer)
+    add_optimizer(contenders, entry.torch_sparse, steps.torch)
+    return contenders, oracles
+
+
+def xla_contenders(tf, problem):
+    """The contenders of the "sparse step under XLA" scenario, and their oracles."""
+    steps, entry = SparseSteps(tf, problem, XLA_RULE), RULES[XLA_RULE]
+    under_xla = functools.partial(steps.optimizer, jit_compile=True)
+    contenders = {}
+    add_optimizer(contenders, entry.fusedopt_keras, under_xla, ", XLA")
+    contenders["fusedopt (raw op), XLA"] = (functools.partial(steps.fused, jit_compile=True),
+                                            "lazy")
+    contenders["fusedopt (raw op), XLA, HLO lowering"] = (steps.fused_hlo, "lazy")
+    contenders["fusedopt (raw op), no XLA"] = (steps.fused, "lazy")
+    add_optimizer(contenders, entry.keras, under_xla, ", XLA")
+    return contenders, {"lazy": steps.fused, "dense": steps.fused_dense_semantics}
+
+
+def measure(cfg, progress, problem, contenders, oracles):
+    return check_and_time(contenders, oracles, cfg["check_steps"], cfg["steps"], cfg["repeats"],
+                          progress, (problem.check_batches, problem.batches))
+
+
+def scenario_sparse(tf, cfg, progress):
+    """Every rule's sparse step on one Zipf-distributed embedding problem."""
+    out = {}
+    problem = Problem(cfg["rows"], cfg["dim"], cfg["ids"], cfg["check_steps"])
+    for rule in RULES:
+        progress(f"sparse {rule}: {cfg['rows']:,} x {cfg['dim']} table, {cfg['ids']:,} ids/step")
+        out[rule] = measure(cfg, progress, problem, *rule_contenders(tf, problem, rule))
+        gc.collect()  # the contenders' variables
+        unique = len(np.unique(problem.batches[0][0]))
+        out[rule]["_meta"] = {"unique_ids_per_step": unique}
+    return out
+
+
+def scenario_sparse_xla(tf, cfg, progress):
+    """The sparse LazyAdam step compiled by XLA (what Keras 3 does by default on GPU
+    machines), at two table sizes with the same batches: the step must cost the same."""
+    out = {}
+    for rows in cfg["xla_tables"]:
+        problem = Problem(rows, cfg["dim"], cfg["ids"], cfg["check_steps"])
+        progress(f"sparse under XLA: {rows:,} x {cfg['dim']} table, {cfg['ids']:,} ids/step")
+        out[str(rows)] = measure(cfg, progress, problem, *xla_contenders(tf, problem))
+        del problem
+        gc.collect()
+    return out
