@@ -176,8 +176,4 @@ def _make_class(rule, spec):
         "__signature__": full.replace(parameters=list(full.parameters.values())[1:])})
 
 
-__all__ = []
-for _rule, _spec in _rules.front_end_specs("COMPAT_V1"):
-    globals()[_spec.name] = _make_class(_rule, _spec)
-    __all__.append(_spec.name)
-del _rule, _spec
+__all__ = _rules.define_classes(globals(), "COMPAT_V1", _make_class)

@@ -89,15 +89,6 @@ _BASE_ARGS = """
     """
 
 
-def _make_class(rule, spec):
-    cls = type(spec.name, (_FusedApply, getattr(_legacy, spec.base)), {
-        "_fused_rule": rule, "_fused_spec": spec, "__doc__": spec.doc + _BASE_ARGS,
-        "__module__": __name__})
-    return _register(cls)
-
-
-__all__ = []
-for _rule, _spec in _rules.front_end_specs("LEGACY"):
-    globals()[_spec.name] = _make_class(_rule, _spec)
-    __all__.append(_spec.name)
-del _rule, _spec
+__all__ = _rules.define_classes(globals(), "LEGACY", lambda rule, spec: _register(
+    _rules.fused_subclass(rule, spec, _FusedApply, getattr(_legacy, spec.base), __name__,
+                          _BASE_ARGS)))

@@ -34,3 +34,21 @@ def module(name):
 def front_end_specs(front_end):
     """[(rule name, spec)] of one front end ("KERAS", "LEGACY", "COMPAT_V1")."""
     return [(name, getattr(module(name), front_end)) for name in names()]
+
+
+def define_classes(namespace, front_end, make_class):
+    """Puts ``make_class(rule, spec)`` for every rule's ``front_end`` spec into a module's
+    ``namespace`` (its globals) under the spec's name; returns the names (``__all__``)."""
+    defined = []
+    for name, spec in front_end_specs(front_end):
+        namespace[spec.name] = make_class(name, spec)
+        defined.append(spec.name)
+    return defined
+
+
+def fused_subclass(rule, spec, mixin, base, module_name, doc_suffix=""):
+    """``class <spec.name>(mixin, base)`` for a Keras front end: the mixin's fused update
+    reads ``_fused_rule`` and ``_fused_spec``."""
+    return type(spec.name, (mixin, base), {
+        "_fused_rule": rule, "_fused_spec": spec, "__doc__": spec.doc + doc_suffix,
+        "__module__": module_name})
