@@ -90,12 +90,15 @@ def test_info_command_lists_every_op_with_cpu_kernels():
 
 def test_info_reports_whether_tables_get_huge_pages():
     from fusedopt import info
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    for extra, expected in [({}, "off"), ({"GLIBC_TUNABLES": info.HUGE_PAGES_TUNABLE}, "on")]:
+    env = {k: v for k, v in os.environ.items() if k != info.HUGE_PAGES_SETTING}
+    for extra, expected in [({}, "on"), ({info.HUGE_PAGES_SETTING: "1"}, "on"),
+                            ({info.HUGE_PAGES_SETTING: "0"}, "off")]:
         out = subprocess.run([sys.executable, "-m", "fusedopt.info"], capture_output=True,
                              text=True, check=True, env={**env, **extra}).stdout
         line = re.search(r"^huge_pages_for_tables\s+(\w+)", out, re.M).group(1)
-        assert line == (expected if info.huge_pages_available() else "unavailable")
+        if expected == "on" and not info.huge_pages_available():
+            expected = "unavailable"
+        assert line == expected, out
 
 
 def interesting_float32():

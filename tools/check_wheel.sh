@@ -23,8 +23,16 @@ rm -rf "$venv"
 site=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 new_site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 echo "$site" >"$new_site/_tensorflow_env.pth"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-index "$wheel"
 cd "$(mktemp -d)"  # not the checkout: python/fusedopt must not shadow the installed package
+# A fusedopt already in PYTHON's environment would satisfy pip ("already installed") and be
+# what the checks below import: refuse rather than test the wrong build.
+if installed=$("$venv/bin/python" -c "import importlib.util as u; s = u.find_spec('fusedopt'); print(s.origin if s else '')") &&
+   [[ -n $installed ]]; then
+  echo "check_wheel: $py's environment already has fusedopt ($installed); uninstall it" \
+    "first (pip uninstall fusedopt): the clean venv sees that environment's packages" >&2
+  exit 1
+fi
+"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-index "$wheel"
 TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2} "$venv/bin/python" -m fusedopt.info
 "$venv/bin/python" - "$new_site" <<'EOF'
 import importlib.metadata, os, sys
@@ -38,7 +46,11 @@ major_minor = ".".join(tf.__version__.split(".")[:2])
 assert f"+tf{major_minor}" in version, (version, tf.__version__)
 dist = _loader.tensorflow_distribution(tf.__version__)
 requires = importlib.metadata.requires("fusedopt")
-assert _loader.tensorflow_requirement(tf.__version__, dist) in requires, requires
+from packaging.requirements import Requirement  # a TensorFlow dependency
+wanted = Requirement(_loader.tensorflow_requirement(tf.__version__, dist))
+# Compared parsed: the metadata may order the specifiers differently.
+assert any(r.name == wanted.name and r.specifier == wanted.specifier
+           for r in map(Requirement, requires)), (requires, str(wanted))
 print(f"check_wheel: fusedopt {version} from {os.path.dirname(fusedopt.__file__)}, "
       f"requires {requires}, TF {tf.__version__} ({dist})")
 EOF

@@ -27,12 +27,13 @@ section "TF 2.21: environment"
 py221=$(tools/setup_env.sh 2.21)
 section "TF 2.21: release wheel (sdist, then the wheel from it; installed into the venv)"
 wheel=$(FUSEDOPT_WERROR=1 tools/build_wheel.sh "$py221" "$root/build/dist" | tail -n 1)
+"$py221" -m pip uninstall -q -y fusedopt 2>/dev/null || true
+section "TF 2.21: the wheel in a clean venv (tools/check_wheel.sh)"
+# Before the wheel goes into the TF 2.21 venv: the clean venv sees that venv's packages.
+tools/check_wheel.sh "$py221" "$wheel"
 # With its requirements but --no-index: the TensorFlow pin must be met by the venv's own.
 # (Not --force-reinstall: that would reinstall TensorFlow too.)
-"$py221" -m pip uninstall -q -y fusedopt 2>/dev/null || true
 "$py221" -m pip install -q --disable-pip-version-check --no-index "$wheel"
-section "TF 2.21: the wheel in a clean venv (tools/check_wheel.sh)"
-tools/check_wheel.sh "$py221" "$wheel"
 # The CUDA steps need nvcc (no GPU): without it, one line and on.
 nvcc=${FUSEDOPT_NVCC:-$(command -v nvcc || true)}
 cuda_pkg=$root/build/cuda-pkg

@@ -14,6 +14,7 @@
 
 #include "cc/core/coalesce.h"
 #include "cc/core/executor.h"
+#include "cc/core/huge_pages.h"
 #include "cc/core/rule.h"
 #include "cc/core/sum_order.h"
 
@@ -108,6 +109,12 @@ void SumRows(const T* grad, const int64_t* positions, int64_t count, int64_t row
   }
 }
 
+template <typename Rule, typename T>
+void AdviseHugePagesFor(const T* var, T* const* slots, int64_t bytes) {
+  AdviseHugePages(var, bytes);
+  for (int k = 0; k < NumSlots<Rule>(); ++k) AdviseHugePages(slots[k], bytes);
+}
+
 // Rough cycles per element of one update, for the executor's work splitting.
 constexpr int64_t kCyclesPerElement = 12;
 
@@ -117,6 +124,7 @@ constexpr int64_t kCyclesPerElement = 12;
 template <typename Rule, typename T>
 void ApplyDense(const ParamsFor<Rule, T>& p, T* var, T* const* slots, const T* grad, int64_t n,
                 Executor& executor) {
+  detail::AdviseHugePagesFor<Rule>(var, slots, n * static_cast<int64_t>(sizeof(T)));
   // Blocks are cache-line multiples so threads never share a line.
   constexpr int64_t kBlock = 1024;
   const int64_t num_blocks = (n + kBlock - 1) / kBlock;
@@ -140,6 +148,8 @@ std::string ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, in
   using C = ComputeType<T>;
   std::string error = CheckIndices(indices, n, num_rows);
   if (!error.empty() || n == 0 || row_size == 0) return error;
+  detail::AdviseHugePagesFor<Rule>(var, slots,
+                                   num_rows * row_size * static_cast<int64_t>(sizeof(T)));
   Coalescer& coalescer = ThreadCoalescer();  // its buffers outlive the call
   const RowGroups& groups = coalescer.Group(indices, n);
   const int64_t cost = row_size * detail::kCyclesPerElement * n / groups.size();

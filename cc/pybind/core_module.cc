@@ -218,6 +218,23 @@ PYBIND11_MODULE(_core, m) {
   m.def("widen_to_float32", &WidenToFloat32, py::arg("bits"), py::arg("dtype"),
         "float16/bfloat16 bit patterns -> float32, as the kernels load them.");
   m.def(
+      "huge_page_stats",
+      [] {
+        const HugePageCounters c = HugePageStats();
+        py::dict stats;
+        stats["enabled"] = c.enabled;
+        stats["advised_calls"] = c.advised_calls;
+        stats["collapsed_buffers"] = c.collapsed_buffers;
+        stats["collapsed_bytes"] = c.collapsed_bytes;
+        stats["collapse_failures"] = c.collapse_failures;
+        stats["pending_bytes"] = c.pending_bytes;
+        return stats;
+      },
+      "What this module's engine did about huge pages (cc/core/huge_pages.h): enabled "
+      "(FUSEDOPT_HUGE_PAGES != 0), MADV_HUGEPAGE calls, buffers and bytes collapsed to huge "
+      "pages, failed collapses, bytes still queued for collapsing. The op library keeps its own "
+      "counts (fusedopt.ops.huge_page_stats()).");
+  m.def(
       "memory_bandwidth",
       [](const std::string& kernel, int64_t n, int num_threads, int repeats) {
         py::gil_scoped_release release;

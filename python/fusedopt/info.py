@@ -12,32 +12,45 @@ import fusedopt
 from fusedopt import _loader
 
 
-HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
+HUGE_PAGES_SETTING = "FUSEDOPT_HUGE_PAGES"
+
+
+def transparent_huge_pages_mode():
+    """The kernel's transparent huge page mode ('always', 'madvise', 'never'), or None."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            text = f.read()
+    except OSError:
+        return None
+    chosen = [word[1:-1] for word in text.split() if word.startswith("[")]
+    return chosen[0] if chosen else None
 
 
 def huge_pages_available():
-    """Whether glibc's malloc can be told to back big allocations with transparent huge
-    pages (THP not 'never', glibc >= 2.35). TensorFlow's CPU allocator uses malloc."""
+    """Whether the kernel gives huge pages to memory that asks for them (THP not 'never')."""
+    return transparent_huge_pages_mode() in ("always", "madvise")
+
+
+def kernel_can_collapse():
+    """MADV_COLLAPSE exists from Linux 6.1."""
     try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            if "[never]" in f.read():
-                return False
-    except OSError:
-        return False
-    libc, version = platform.libc_ver()
-    try:
-        return libc == "glibc" and tuple(int(x) for x in version.split(".")[:2]) >= (2, 35)
+        major, minor = (int(part) for part in platform.release().split(".")[:2])
     except ValueError:
         return False
+    return (major, minor) >= (6, 1)
 
 
 def huge_pages_status():
-    """One line: are big tables of this process on huge pages (see README, Performance)?"""
+    """One line: do the ops put big tables on huge pages (see README, Performance)?"""
+    if os.environ.get(HUGE_PAGES_SETTING) == "0":
+        return f"off ({HUGE_PAGES_SETTING}=0)"
+    mode = transparent_huge_pages_mode()
     if not huge_pages_available():
-        return "unavailable (needs glibc >= 2.35 and transparent huge pages not 'never')"
-    if HUGE_PAGES_TUNABLE in os.environ.get("GLIBC_TUNABLES", ""):
-        return f"on (GLIBC_TUNABLES={HUGE_PAGES_TUNABLE})"
-    return f"off (start with GLIBC_TUNABLES={HUGE_PAGES_TUNABLE} for tables of millions of rows)"
+        return f"unavailable (transparent huge pages: {mode or 'not in this kernel'})"
+    collapse = ("collapsed once in a background thread" if kernel_can_collapse() else
+                "collapsed by khugepaged, slowly (Linux < 6.1 has no MADV_COLLAPSE)")
+    return (f"on (variables and slots of 32 MB or more: MADV_HUGEPAGE, {collapse}; THP mode "
+            f"{mode}; {HUGE_PAGES_SETTING}=0 turns it off)")
 
 
 def _one_line(error):

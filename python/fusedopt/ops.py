@@ -150,6 +150,27 @@ def xla_cpu_lowering():
     return "custom_call" if os.path.exists(header) else "hlo"
 
 
+HUGE_PAGE_STATS = ("enabled", "advised_calls", "collapsed_buffers", "collapsed_bytes",
+                   "collapse_failures", "pending_bytes")
+
+
+def huge_page_stats():
+    """What the op library's CPU kernels did about huge pages (cc/core/huge_pages.h): for
+    variables and slots of 32 MB or more they advise transparent huge pages and collapse
+    the buffer to huge pages once, in a background thread. ``enabled`` is False with
+    ``FUSEDOPT_HUGE_PAGES=0``. ``collapsed_bytes`` grows while that thread works;
+    ``pending_bytes`` is what it still has to do."""
+    import ctypes
+
+    load_library()
+    library = ctypes.CDLL(_loader.library_path())  # the handle TF loaded: same counters
+    values = (ctypes.c_int64 * len(HUGE_PAGE_STATS))()
+    library.fusedopt_huge_page_stats(values)
+    stats = dict(zip(HUGE_PAGE_STATS, values))
+    stats["enabled"] = bool(stats["enabled"])
+    return stats
+
+
 # Loaded at import, not on first use: XLA lists its JIT kernels at the process's first XLA
 # compilation, and ops registered before that take the normal path (a library loaded later
 # registers its XLA kernels itself).

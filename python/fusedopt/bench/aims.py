@@ -48,7 +48,8 @@ def dense_aims(dense):
 
 def scaling_aims(scaling):
     rows = []
-    for key, pages in [("table_rows", "4 KB pages"), ("table_rows_huge_pages", "huge pages")]:
+    for key, pages in [("table_rows", "default settings"),
+                       ("table_rows_small_pages", "FUSEDOPT_HUGE_PAGES=0")]:
         tables = scaling.get(key)
         if tables:
             small, large = min(tables, key=int), max(tables, key=int)

@@ -108,7 +108,7 @@ def main(argv=None):
     args = parse_args(argv)
     tf = import_tensorflow()
     cfg = sizes(args.quick)
-    if args.table_scaling_child:  # run by scenario_scaling with huge pages enabled
+    if args.table_scaling_child:  # run by scenario_scaling with huge pages off
         return memory.table_scaling_child(tf, cfg)
     os.makedirs(args.out, exist_ok=True)
     started = time.time()

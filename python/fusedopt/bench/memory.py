@@ -43,11 +43,25 @@ def sparse_lazy_adam_step(tf, cfg, rows, ids, num_batches):
     return cycling(lambda i, g, t: update(i, g), batches)
 
 
+def wait_for_huge_pages(timeout_s=300):
+    """Waits until the op library's background thread has collapsed what it was given
+    (cc/core/huge_pages.h): a long run's steady state, not its first seconds."""
+    from fusedopt import ops
+
+    deadline = time.monotonic() + timeout_s
+    while ops.huge_page_stats()["pending_bytes"] > 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return ops.huge_page_stats()
+
+
 def table_scaling(tf, cfg):
     """{table rows: ms} at fixed touched rows, the sizes interleaved (memory speed on a
     shared machine drifts), plus the huge-page memory seen at the end."""
     steps = {rows: sparse_lazy_adam_step(tf, cfg, rows, cfg["scaling_ids"], 16)
              for rows in cfg["tables"]}
+    for step in steps.values():
+        step()  # the ops see each table once: huge pages advised, collapse queued
+    wait_for_huge_pages()
     ms = median_ms(time_contenders(steps, cfg["scaling_steps"], 3 * cfg["repeats"], lambda _: None))
     return ms, anon_huge_pages_mb()
 
@@ -59,37 +73,37 @@ def table_scaling_child(tf, cfg):
     return 0
 
 
-def table_scaling_with_huge_pages(quick):
-    """table_scaling in a child process whose malloc backs the tables with huge pages."""
-    from fusedopt.info import HUGE_PAGES_TUNABLE
+def table_scaling_with_small_pages(quick):
+    """table_scaling in a child process with the ops' huge-page advice off
+    (FUSEDOPT_HUGE_PAGES=0): 4 KB pages, as TensorFlow allocates them."""
+    from fusedopt.info import HUGE_PAGES_SETTING
 
     child = subprocess.run(
         [sys.executable, "-m", "fusedopt.bench", "--table-scaling-child"]
         + (["--quick"] if quick else []),
-        env={**os.environ, "GLIBC_TUNABLES": HUGE_PAGES_TUNABLE}, capture_output=True,
-        text=True, check=True)
+        env={**os.environ, HUGE_PAGES_SETTING: "0"}, capture_output=True, text=True, check=True)
     return json.loads(child.stdout.strip().splitlines()[-1])
 
 
 def scenario_scaling(tf, cfg, progress, quick):
-    """Step time vs touched rows, and vs table rows twice: with the process's default
-    (4 KB) pages, and in a child process whose malloc backs tables with transparent
-    huge pages. Rows of a 10M-row table sit on different pages, so with 4 KB pages
-    nearly every row costs a TLB miss and page walk on top of its DRAM miss."""
+    """Step time vs touched rows, and vs table rows twice: at default settings (the ops put
+    tables of 32 MB or more on transparent huge pages), and in a child process with that
+    off (FUSEDOPT_HUGE_PAGES=0: 4 KB pages). Rows of a 10M-row table sit on different
+    pages, so with 4 KB pages nearly every row costs a TLB miss and page walk on top of
+    its DRAM miss."""
     out = {"touched_rows": {}, "table_rows": {}}
     for ids in cfg["touched"]:
         step = sparse_lazy_adam_step(tf, cfg, cfg["scaling_table"], ids, 2)
         out["touched_rows"][ids] = median_ms(time_contenders(
             {"fusedopt": step}, cfg["scaling_steps"], cfg["repeats"], lambda _: None))["fusedopt"]
         progress(f"scaling: {ids:,} touched rows -> {out['touched_rows'][ids]:.2f} ms")
-    out["table_rows"], _ = table_scaling(tf, cfg)
-    progress(f"scaling: table rows (4 KB pages) -> {out['table_rows']}")
+    out["table_rows"], out["huge_pages_MB"] = table_scaling(tf, cfg)
+    progress(f"scaling: table rows (default settings, {out['huge_pages_MB']} MB on huge "
+             f"pages) -> {out['table_rows']}")
     if huge_pages_available():
-        result = table_scaling_with_huge_pages(quick)
-        out["table_rows_huge_pages"] = {int(k): v for k, v in result["ms"].items()}
-        out["huge_pages_MB"] = result["anon_huge_pages_MB"]
-        progress(f"scaling: table rows (huge pages, {result['anon_huge_pages_MB']} MB of them) -> "
-                 f"{out['table_rows_huge_pages']}")
+        result = table_scaling_with_small_pages(quick)
+        out["table_rows_small_pages"] = {int(k): v for k, v in result["ms"].items()}
+        progress(f"scaling: table rows (FUSEDOPT_HUGE_PAGES=0) -> {out['table_rows_small_pages']}")
     return out
 
 

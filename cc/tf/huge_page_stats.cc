@@ -1,0 +1,20 @@
+// The op library's huge-page counts (cc/core/huge_pages.h), for Python through ctypes:
+// fusedopt.ops.huge_page_stats() and `python -m fusedopt.info`. Plain C, so no TF or
+// pybind11 type crosses the boundary.
+#include <cstdint>
+
+#include "cc/core/huge_pages.h"
+
+// out[6]: enabled, advised_calls, collapsed_buffers, collapsed_bytes, collapse_failures,
+// pending_bytes.
+// Returns the number of values written.
+extern "C" __attribute__((visibility("default"))) int fusedopt_huge_page_stats(int64_t* out) {
+  const fusedopt::HugePageCounters c = fusedopt::HugePageStats();
+  out[0] = c.enabled ? 1 : 0;
+  out[1] = c.advised_calls;
+  out[2] = c.collapsed_buffers;
+  out[3] = c.collapsed_bytes;
+  out[4] = c.collapse_failures;
+  out[5] = c.pending_bytes;
+  return 6;
+}
