@@ -7,6 +7,7 @@ import numpy as np
 
 from fusedopt.bench import libraries
 from fusedopt.bench.contenders import RULES, add_optimizer
+from fusedopt.bench.memory import wait_for_huge_pages
 from fusedopt.bench.timing import check_and_time, cycling, quiet_function
 
 XLA_RULE = "lazy_adam"  # the rule of the "sparse step under XLA" scenario
@@ -177,8 +178,10 @@ def xla_contenders(tf, problem):
 
 
 def measure(cfg, progress, problem, contenders, oracles):
+    # settle: big tables are timed once their huge-page collapse is done (steady state).
     return check_and_time(contenders, oracles, cfg["check_steps"], cfg["steps"], cfg["repeats"],
-                          progress, (problem.check_batches, problem.batches))
+                          progress, (problem.check_batches, problem.batches),
+                          settle=wait_for_huge_pages)
 
 
 def scenario_sparse(tf, cfg, progress):

@@ -78,13 +78,16 @@ def value_after(make, inputs, check_steps):
     return read(variable)
 
 
-def check_and_time(contenders, oracles, check_steps, steps, repeats, progress, batches=None):
+def check_and_time(contenders, oracles, check_steps, steps, repeats, progress, batches=None,
+                   settle=None):
     """Checks each contender against its oracle, then times them all: {name: row}.
 
     contenders: {name: (make, semantics)}, the first one the baseline; oracles:
     {semantics: make}. With ``batches`` = (check batches, timed batches), every make takes
     the batches to cycle through and contenders are built twice: on the check batches for
     the comparison, then afresh on the timed ones; else makes take no arguments.
+    ``settle``: called after one step of each timed contender, before timing (e.g. to let
+    background work those steps started finish).
     """
     check_inputs, timed_inputs = ((batches[0],), (batches[1],)) if batches else ((), ())
     expected = {semantics: value_after(make, check_inputs, check_steps)
@@ -96,6 +99,10 @@ def check_and_time(contenders, oracles, check_steps, steps, repeats, progress, b
                         "match": error < MATCH_TOLERANCE}
         timed_steps[name] = make(*timed_inputs)[0]
         progress(f"checked {name}: max rel error {error:.1e}")
+    if settle is not None:
+        for step in timed_steps.values():
+            step()
+        settle()
     rows = summarize(time_contenders(timed_steps, steps, repeats, progress), next(iter(contenders)))
     for name in rows:
         rows[name].update(checks[name])
