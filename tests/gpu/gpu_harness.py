@@ -9,7 +9,9 @@ stand-ins of tests/gpu/standin (conftest.py). A test file marks itself
 _core_cuda, _core, CuPy or a CUDA device is missing — except in the stand-in run, where a
 missing piece is an error (a stand-in run that skips everything would prove nothing).
 """
+import glob
 import importlib
+import importlib.util
 import os
 import pkgutil
 import sys
@@ -24,9 +26,20 @@ STANDIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin"
 if STANDIN and STANDIN_DIR not in sys.path:  # conftest.py does this under pytest
     sys.path.insert(0, STANDIN_DIR)
 BUILD = os.environ.get("FUSEDOPT_GPU_BUILD")
-if BUILD:
-    # Behind the stand-in directory when there is one, so the stand-in _core_cuda wins.
-    sys.path.insert(sys.path.index(STANDIN_DIR) + 1 if STANDIN else 0, BUILD)
+
+
+def _load_built(name):
+    """Module `name` from $FUSEDOPT_GPU_BUILD, loaded from its file and registered under
+    its bare name. Never that directory on sys.path: when it is a fusedopt package
+    directory, its `keras` subpackage would shadow the real keras for the whole session."""
+    paths = glob.glob(os.path.join(BUILD, name + ".*so")) if BUILD else []
+    if not paths:
+        return None
+    spec = importlib.util.spec_from_file_location(name, paths[0])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return module
 
 
 def _import(name):
@@ -38,8 +51,10 @@ def _import(name):
     return None
 
 
-core_cuda = _import("_core_cuda")
-core = _import("_core")
+# _core first: the stand-in _core_cuda imports it by its bare name. The stand-in
+# _core_cuda (on sys.path) wins over a built one.
+core = _load_built("_core") or _import("_core")
+core_cuda = (None if STANDIN else _load_built("_core_cuda")) or _import("_core_cuda")
 try:
     import cupy as cp
 except Exception:  # not installed, or no CUDA runtime for it
