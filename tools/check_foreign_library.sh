@@ -8,7 +8,8 @@
 #   2. dlopen: LIB_B copied alone into a temp dir (no build info) -> TF's loader fails
 #      (undefined symbol) and fusedopt turns that into an ImportError naming the running
 #      version, "unknown version" for the library, and the loader's own words.
-# Neither may crash the interpreter. Uses fusedopt's Python sources from this checkout.
+# Neither may crash the interpreter. Uses fusedopt's Python sources from this checkout
+# (with the _core module of LIB's build).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PY=${1:?"usage: tools/check_foreign_library.sh PY_A LIB_B"}
@@ -20,9 +21,14 @@ LIB=$(cd "$(dirname "$LIB")" && pwd)/$(basename "$LIB")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cp "$LIB" "$tmp/_fusedopt_ops.so"
+# fusedopt's Python sources from this checkout, plus the TF-free _core of LIB's build (the
+# rule registry comes from it; it loads in any TensorFlow of the same Python).
+mkdir -p "$tmp/src"
+cp -r "$root/python/fusedopt" "$tmp/src/"
+cp "$(dirname "$LIB")"/_core.*so "$tmp/src/fusedopt/"
 
 check() {  # check MODE LIBRARY_PATH
-  FUSEDOPT_OPS_LIBRARY=$2 PYTHONPATH="$root/python" TF_CPP_MIN_LOG_LEVEL=3 \
+  FUSEDOPT_OPS_LIBRARY=$2 PYTHONPATH="$tmp/src" TF_CPP_MIN_LOG_LEVEL=3 \
     "$PY" - "$1" "$2" <<'EOF'
 import json, os, sys
 mode, path = sys.argv[1], sys.argv[2]
