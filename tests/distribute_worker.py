@@ -117,7 +117,7 @@ class _null:
 
 def record_kernels():
     """Which fused kernels (rule, sparse) the optimizers traced."""
-    from fusedopt.keras import _dispatch
+    from fusedopt import _dispatch
 
     seen = set()
     original = _dispatch._op

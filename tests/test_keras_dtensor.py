@@ -122,7 +122,7 @@ else:
         # custom ops); eager steps on replicated layouts run the fused op.
         assert _fused_types(traced.get_concrete_function(dgrads(steps[1])).graph) == set()
         if eager:
-            from fusedopt.keras import _dispatch
+            from fusedopt import _dispatch
 
             calls = []
             real = _dispatch._op

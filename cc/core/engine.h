@@ -120,23 +120,56 @@ constexpr int64_t kCyclesPerElement = 12;
 
 }  // namespace detail
 
+// One dense tensor of a group: var, slots[k] and grad each hold n elements.
+template <typename Rule, typename T>
+struct DenseTensor {
+  T* var;
+  std::array<T*, NumSlots<Rule>()> slots;
+  const T* grad;
+  int64_t n;
+};
+
+// Updates every tensor of a group with the same params in one parallel pass over all
+// their elements: small tensors share the threads instead of each paying a dispatch.
+// Each element sees exactly the per-element math of a call on its tensor alone.
+template <typename Rule, typename T>
+void ApplyDenseGroup(const ParamsFor<Rule, T>& p, const DenseTensor<Rule, T>* tensors,
+                     int64_t count, Executor& executor) {
+  // Blocks are cache-line multiples so threads never share a line; a block never spans
+  // two tensors. first_block[t] is tensor t's first block in the group's numbering.
+  constexpr int64_t kBlock = 1024;
+  std::vector<int64_t> first_block(count + 1, 0);
+  for (int64_t t = 0; t < count; ++t) {
+    const DenseTensor<Rule, T>& x = tensors[t];
+    AdviseHugePages(x.var, x.n * static_cast<int64_t>(sizeof(T)));
+    for (T* slot : x.slots) AdviseHugePages(slot, x.n * static_cast<int64_t>(sizeof(T)));
+    first_block[t + 1] = first_block[t] + (x.n + kBlock - 1) / kBlock;
+  }
+  executor.ParallelFor(first_block[count], kBlock * detail::kCyclesPerElement,
+                       [&](int64_t first, int64_t last) {
+    int64_t t = std::upper_bound(first_block.begin(), first_block.end(), first) -
+                first_block.begin() - 1;
+    for (int64_t b = first; b < last; ++t) {
+      if (first_block[t + 1] <= b) continue;  // an empty tensor
+      const DenseTensor<Rule, T>& x = tensors[t];
+      const int64_t stop = std::min(last, first_block[t + 1]);
+      const int64_t begin = (b - first_block[t]) * kBlock;
+      const int64_t end = std::min(x.n, (stop - first_block[t]) * kBlock);
+      std::array<T*, NumSlots<Rule>()> s;
+      for (int k = 0; k < NumSlots<Rule>(); ++k) s[k] = x.slots[k] + begin;
+      detail::UpdateSpan<Rule, T, T>(p, x.var + begin, s.data(), x.grad + begin, end - begin);
+      b = stop;
+    }
+  });
+}
+
 // var, slots[k] and grad each hold n elements.
 template <typename Rule, typename T>
 void ApplyDense(const ParamsFor<Rule, T>& p, T* var, T* const* slots, const T* grad, int64_t n,
                 Executor& executor) {
-  detail::AdviseHugePagesFor<Rule>(var, slots, n * static_cast<int64_t>(sizeof(T)));
-  // Blocks are cache-line multiples so threads never share a line.
-  constexpr int64_t kBlock = 1024;
-  const int64_t num_blocks = (n + kBlock - 1) / kBlock;
-  executor.ParallelFor(num_blocks, kBlock * detail::kCyclesPerElement,
-                       [&](int64_t first, int64_t last) {
-                         const int64_t begin = first * kBlock;
-                         const int64_t end = last * kBlock < n ? last * kBlock : n;
-                         std::array<T*, NumSlots<Rule>()> s;
-                         for (int k = 0; k < NumSlots<Rule>(); ++k) s[k] = slots[k] + begin;
-                         detail::UpdateSpan<Rule, T, T>(p, var + begin, s.data(), grad + begin,
-                                                        end - begin);
-                       });
+  DenseTensor<Rule, T> tensor{var, {}, grad, n};
+  for (int k = 0; k < NumSlots<Rule>(); ++k) tensor.slots[k] = slots[k];
+  ApplyDenseGroup<Rule, T>(p, &tensor, 1, executor);
 }
 
 // var and slots are [num_rows, row_size]; grad is [n, row_size]; indices [n].

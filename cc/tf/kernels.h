@@ -14,10 +14,12 @@
 // TF copies variables with Eigen on the CPU device (copy-on-write/read).
 #define EIGEN_USE_THREADS
 
+#include <algorithm>
 #include <array>
 #include <numeric>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "cc/core/engine.h"
@@ -358,6 +360,167 @@ class FusedSparseApplyGpuOp : public ::tensorflow::AsyncOpKernel {
 };
 #endif
 
+// FusedOpt>ResourceGroupApply<Rule>: N resource variables, one dense update, one pass
+// (ApplyDenseGroup; on the GPU one launch per variable on the op's stream). Everything
+// that can reject the call (lookups, dtypes, a variable passed twice anywhere in the
+// group, shapes) is checked for the whole group before the first write.
+template <typename Device, typename T, typename Rule>
+class FusedGroupApplyOp : public ::tensorflow::OpKernel {
+  static constexpr int kSlots = NumSlots<Rule>();
+  static constexpr int kHyper = NumHyper<Rule>();
+#ifdef FUSEDOPT_CUDA
+  static constexpr bool kGpu = std::is_same_v<Device, GpuDeviceTag>;
+#else
+  static constexpr bool kGpu = false;
+#endif
+  using Storage = typename StorageOf<T>::type;
+  using Var = ::tensorflow::Var;
+
+ public:
+  explicit FusedGroupApplyOp(::tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    // use_locking changes nothing: like TF's dense resource ops, the update always holds
+    // every variable's lock exclusively.
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+    for (int i = 0; i < NumOptions<Rule>(); ++i) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr(Rule::kOptions[i].name, &options_[i]));
+    }
+  }
+
+  void Compute(::tensorflow::OpKernelContext* ctx) override {
+#ifdef FUSEDOPT_CUDA
+    if constexpr (kGpu) {
+      OP_REQUIRES(ctx, GpuStreamOf(ctx) != nullptr,
+                  absl::InternalError("fusedopt: no GPU stream for this op"));
+    }
+#endif
+    const int64_t num_state = (1 + kSlots) * n_;
+    const int64_t first_hyper = num_state, first_grad = num_state + kHyper;
+    // Hyper-parameters: scalars, shared by the group.
+    std::array<const Storage*, kHyper> hyper;
+    for (int i = 0; i < kHyper; ++i) {
+      const ::tensorflow::Tensor& t = ctx->input(first_hyper + i);
+      OP_REQUIRES(ctx, t.dims() == 0,
+                  absl::InvalidArgumentError(std::string(Rule::kHyper[i]) +
+                                             " must be a scalar, got shape " +
+                                             ShapeString(ToShape(t.shape()))));
+      hyper[i] = reinterpret_cast<const Storage*>(t.tensor_data().data());
+    }
+    // Every variable found, initialized, of dtype T and distinct from all others.
+    std::vector<::tensorflow::core::RefCountPtr<Var>> vars(num_state);
+    std::vector<std::pair<Var*, int64_t>> identities(num_state);
+    const ::tensorflow::DataType want = ::tensorflow::DataTypeToEnum<T>::value;
+    for (int64_t j = 0; j < num_state; ++j) {
+      const absl::Status found =
+          ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, j), &vars[j]);
+      OP_REQUIRES(ctx, found.ok(), UninitializedError(ctx, j, found));
+      ::tsl::tf_shared_lock lock(*vars[j]->mu());  // an assign may swap the tensor
+      OP_REQUIRES(ctx, vars[j]->tensor()->IsInitialized(), UninitializedError(ctx, j, found));
+      const ::tensorflow::DataType dtype = vars[j]->tensor()->dtype();
+      OP_REQUIRES(ctx, dtype == want,
+                  absl::InvalidArgumentError(StateName(j) + " has dtype " +
+                                             ::tensorflow::DataTypeString(dtype) +
+                                             " but the update is for " +
+                                             ::tensorflow::DataTypeString(want)));
+      identities[j] = {vars[j].get(), j};
+    }
+    std::sort(identities.begin(), identities.end());
+    for (int64_t j = 1; j < num_state; ++j) {
+      if (identities[j].first != identities[j - 1].first) continue;
+      const int64_t a = identities[j - 1].second, b = identities[j].second;
+      ctx->CtxFailure(absl::InvalidArgumentError(
+          StateName(a) + " and " + StateName(b) + " are the same variable (" +
+          ctx->op_kernel().requested_input(a) + ", " + ctx->op_kernel().requested_input(b) +
+          "); each needs its own"));
+      return;
+    }
+    // Exclusive locks in address order (`identities` is sorted by Var; each Var has its
+    // own mutex), as TF's helpers take them: no deadlock with TF's ops.
+    std::vector<::tsl::mutex_lock> locks;
+    locks.reserve(num_state);
+    for (const auto& identity : identities) locks.emplace_back(*identity.first->mu());
+
+    std::vector<::tensorflow::Tensor> state(num_state);
+    Shape hyper_shapes[kHyper > 0 ? kHyper : 1];  // scalars: checked above
+    for (int64_t v = 0; v < n_; ++v) {
+      std::array<Shape, 1 + kSlots> shapes;
+      for (int k = 0; k <= kSlots; ++k) {
+        const int64_t j = k * n_ + v;
+        const ::tensorflow::Tensor* t = vars[j]->tensor();
+        // Re-checked under the lock: the variable may have been reassigned meanwhile.
+        OP_REQUIRES(ctx, t->IsInitialized() && t->dtype() == want,
+                    absl::FailedPreconditionError(StateName(j) + " changed while the update " +
+                                                  "was being prepared (" +
+                                                  ctx->op_kernel().requested_input(j) + ")"));
+        shapes[k] = ToShape(t->shape());
+      }
+      const std::string error = ValidateDense<Rule>(shapes[0], &shapes[1], hyper_shapes,
+                                                    ToShape(ctx->input(first_grad + v).shape()));
+      OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(GroupMemberError(v, n_, error)));
+    }
+    // Copy-on-write (a read still holds the buffer): the values stay as they are.
+    for (int64_t j = 0; j < num_state; ++j) {
+      Var* var = vars[j].get();
+#ifdef FUSEDOPT_CUDA
+      if constexpr (kGpu) {
+        if (var->copy_on_read_mode.load() || !var->tensor()->RefCountIsOne()) {
+          OP_REQUIRES_OK(ctx, CopyTensorOnGpu(ctx, var->tensor()));
+        }
+      } else  // NOLINT: the CPU helper must not be instantiated for the GPU tag
+#endif
+      {
+        OP_REQUIRES_OK(ctx, (::tensorflow::PrepareToUpdateVariable<CPUDevice, T>(
+                                ctx, var->tensor(), var->copy_on_read_mode.load())));
+      }
+      state[j] = *var->tensor();
+    }
+
+    const auto params = PrepareParams<Rule, Storage>(hyper.data(), options_.data());
+    std::vector<DenseTensor<Rule, Storage>> tensors(n_);
+    for (int64_t v = 0; v < n_; ++v) {
+      DenseTensor<Rule, Storage>& x = tensors[v];
+      x.var = Data(state[v]);
+      for (int k = 0; k < kSlots; ++k) x.slots[k] = Data(state[(k + 1) * n_ + v]);
+      x.grad = reinterpret_cast<const Storage*>(ctx->input(first_grad + v).tensor_data().data());
+      x.n = state[v].NumElements();
+    }
+#ifdef FUSEDOPT_CUDA
+    if constexpr (kGpu) {
+      const gpu::Stream stream = GpuStreamOf(ctx);
+      for (const auto& x : tensors) {
+        OP_REQUIRES_OK(ctx, ToAbsl(gpu::ApplyDense<Rule, Storage>(params, x.var, x.slots.data(),
+                                                                  x.grad, x.n, stream)));
+      }
+    } else  // NOLINT: the CPU engine is not instantiated for the GPU tag
+#endif
+    {
+      TfCpuExecutor executor(ctx);
+      ApplyDenseGroup<Rule, Storage>(params, tensors.data(), n_, executor);
+    }
+  }
+
+ private:
+  // "var[3]", "m[0]": state input j of the group.
+  std::string StateName(int64_t j) const {
+    const int64_t k = j / n_;
+    return std::string(k == 0 ? "var" : Rule::kSlots[k - 1]) + "[" + std::to_string(j % n_) + "]";
+  }
+
+  absl::Status UninitializedError(::tensorflow::OpKernelContext* ctx, int64_t j,
+                                  const absl::Status& cause) const {
+    return absl::FailedPreconditionError(
+        "Attempting to use uninitialized variable: " + StateName(j) + " (" +
+        ctx->op_kernel().requested_input(j) + ")" +
+        (cause.ok() ? "" : ": " + std::string(cause.message())));
+  }
+
+  static Storage* Data(::tensorflow::Tensor& t) {
+    return reinterpret_cast<Storage*>(const_cast<char*>(t.tensor_data().data()));
+  }
+
+  int64_t n_ = 0;
+  std::array<bool, NumOptions<Rule>()> options_{};
+};
+
 // Registers one kernel for op `op` on `device` with the given type constraints.
 // On GPU the scalar hyper-parameters are host-memory inputs (read once by Prepare()).
 template <typename Kernel>
@@ -413,21 +576,40 @@ void RegisterKernelsForType(const char* device) {
       OpName(name, Variant::kResourceSparseApply), device, type, i64, true, host);
 }
 
-// The four ops of a rule and their CPU (and, with FUSEDOPT_CUDA, GPU) kernels for every
+// The four ops of a rule, its group op, and their CPU (and, with FUSEDOPT_CUDA, GPU) kernels for every
 // dtype and index type.
+// The group op's kernel on `device` for dtype T.
+template <typename Device, typename Rule, typename T>
+void RegisterGroupKernel(const char* device) {
+  std::vector<const char*> host;
+  if (std::string(device) != ::tensorflow::DEVICE_CPU) {
+    host.assign(Rule::kHyper.begin(), Rule::kHyper.end());
+  }
+  RegisterKernel<FusedGroupApplyOp<Device, T, Rule>>(
+      GroupOpName(Rule::kOpName), device, ::tensorflow::DataTypeToEnum<T>::value,
+      ::tensorflow::DT_INT32, /*sparse=*/false, host);
+}
+
+template <typename Device, typename Rule, typename T>
+void RegisterAllKernelsForType(const char* device) {
+  RegisterKernelsForType<Device, Rule, T>(device);
+  RegisterGroupKernel<Device, Rule, T>(device);
+}
+
 template <typename Rule>
 bool RegisterOptimizer() {
   for (Variant v : kAllVariants) RegisterOpDef<Rule>(v);
-  RegisterKernelsForType<CPUDevice, Rule, Eigen::half>(::tensorflow::DEVICE_CPU);
-  RegisterKernelsForType<CPUDevice, Rule, ::tensorflow::bfloat16>(::tensorflow::DEVICE_CPU);
-  RegisterKernelsForType<CPUDevice, Rule, float>(::tensorflow::DEVICE_CPU);
-  RegisterKernelsForType<CPUDevice, Rule, double>(::tensorflow::DEVICE_CPU);
+  RegisterGroupOpDef<Rule>();
+  RegisterAllKernelsForType<CPUDevice, Rule, Eigen::half>(::tensorflow::DEVICE_CPU);
+  RegisterAllKernelsForType<CPUDevice, Rule, ::tensorflow::bfloat16>(::tensorflow::DEVICE_CPU);
+  RegisterAllKernelsForType<CPUDevice, Rule, float>(::tensorflow::DEVICE_CPU);
+  RegisterAllKernelsForType<CPUDevice, Rule, double>(::tensorflow::DEVICE_CPU);
 #ifdef FUSEDOPT_CUDA
   // Inert without a GPU: TF only instantiates them for GPU devices.
-  RegisterKernelsForType<GpuDeviceTag, Rule, Eigen::half>(::tensorflow::DEVICE_GPU);
-  RegisterKernelsForType<GpuDeviceTag, Rule, ::tensorflow::bfloat16>(::tensorflow::DEVICE_GPU);
-  RegisterKernelsForType<GpuDeviceTag, Rule, float>(::tensorflow::DEVICE_GPU);
-  RegisterKernelsForType<GpuDeviceTag, Rule, double>(::tensorflow::DEVICE_GPU);
+  RegisterAllKernelsForType<GpuDeviceTag, Rule, Eigen::half>(::tensorflow::DEVICE_GPU);
+  RegisterAllKernelsForType<GpuDeviceTag, Rule, ::tensorflow::bfloat16>(::tensorflow::DEVICE_GPU);
+  RegisterAllKernelsForType<GpuDeviceTag, Rule, float>(::tensorflow::DEVICE_GPU);
+  RegisterAllKernelsForType<GpuDeviceTag, Rule, double>(::tensorflow::DEVICE_GPU);
 #endif
   return true;
 }

@@ -180,6 +180,75 @@ void RegisterOpDef(Variant variant) {
   op();  // registers with the global op registry
 }
 
+// FusedOpt>ResourceGroupApply<Rule>: one dense update of N resource variables at once
+// (var: N * resource, each slot: N * resource, the hyper-parameters once, grad: N * T).
+// Every variable, slot and gradient has the same dtype; the per-step scalars are shared.
+inline std::string GroupOpName(const char* rule_op_name) {
+  return std::string("FusedOpt>ResourceGroupApply") + rule_op_name;
+}
+
+// "variable 3 of 10: " + a single-variable message: which member of the group is wrong.
+inline std::string GroupMemberError(int64_t i, int64_t n, const std::string& error) {
+  return "variable " + std::to_string(i) + " of " + std::to_string(n) + ": " + error;
+}
+
+namespace detail {
+
+template <typename Rule>
+absl::Status InferGroupShapes(InferenceContext* c) {
+  constexpr int kSlots = NumSlots<Rule>(), kHyper = NumHyper<Rule>();
+  int64_t n = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+  const int64_t first_hyper = (1 + kSlots) * n, first_grad = first_hyper + kHyper;
+  ShapeHandle unused;
+  for (int i = 0; i < kHyper; ++i) {
+    const ShapeHandle h = c->input(first_hyper + i);
+    if (!c->WithRank(h, 0, &unused).ok()) {
+      return absl::InvalidArgumentError(std::string(Rule::kHyper[i]) +
+                                        " must be a scalar, got shape " + c->DebugString(h));
+    }
+  }
+  for (int64_t v = 0; v < n; ++v) {
+    ShapeHandle var = VariableShape(c, v), merged;
+    for (int k = 0; k <= kSlots; ++k) {
+      const bool grad = k == kSlots;
+      const ShapeHandle other = grad ? c->input(first_grad + v) : VariableShape(c, (k + 1) * n + v);
+      if (c->Merge(var, other, &merged).ok()) {
+        var = merged;
+        continue;
+      }
+      const std::string what = grad ? "grad" : Rule::kSlots[k];
+      return absl::InvalidArgumentError(GroupMemberError(
+          v, n, what + " must have the same shape as var: " + c->DebugString(var) + " vs " +
+                    c->DebugString(other)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace detail
+
+template <typename Rule>
+void RegisterGroupOpDef() {
+  const std::string name = GroupOpName(Rule::kOpName);
+  ::tensorflow::register_op::OpDefBuilderWrapper op(name.c_str());
+  op.Input("var: N * resource");
+  for (const char* slot : Rule::kSlots) op.Input(std::string(slot) + ": N * resource");
+  for (const char* hyper : Rule::kHyper) op.Input(std::string(hyper) + ": T");
+  op.Input("grad: N * T");
+  op.Attr("N: int >= 1");
+  op.Attr("T: {half, bfloat16, float, double}");
+  op.Attr("use_locking: bool = false");
+  for (const RuleOption& option : Rule::kOptions) {
+    op.Attr(std::string(option.name) + ": bool = " + (option.default_value ? "true" : "false"));
+  }
+  op.SetShapeFn(detail::InferGroupShapes<Rule>);
+  op.Doc(std::string("Fused dense ") + Rule::kOpName +
+         " update of N resource variables in one pass (same dtype, shared hyper-parameters). "
+         "See fusedopt.ops for the Python wrapper.");
+  op();
+}
+
 }  // namespace tf
 }  // namespace fusedopt
 

@@ -83,6 +83,10 @@ std::string CustomCallTarget(const char* rule, bool sparse) {
   return std::string("fusedopt_") + rule + (sparse ? "_sparse" : "_dense");
 }
 
+std::string GroupCustomCallTarget(const char* rule) {
+  return std::string("fusedopt_") + rule + "_group";
+}
+
 // The custom call needs XLA:CPU's typed FFI; FUSEDOPT_XLA_LOWERING=hlo picks the HLO
 // lowering there too (tests compare the two). Read when a step compiles.
 bool UseCustomCall(bool on_cpu) {
@@ -379,6 +383,106 @@ class FusedApplyXlaOp : public tfw::XlaOpKernel {
   std::array<bool, NumOptions<Rule>()> options_{};
 };
 
+// FusedOpt>ResourceGroupApply<Rule>: N dense updates sharing the hyper-parameters. On
+// XLA:CPU one custom call over every buffer (the engine's one pass over the group); in
+// HLO each variable's update, which XLA fuses as it likes.
+template <typename Rule>
+class FusedGroupApplyXlaOp : public tfw::XlaOpKernel {
+  static constexpr int kSlots = NumSlots<Rule>();
+  static constexpr int kHyper = NumHyper<Rule>();
+
+ public:
+  explicit FusedGroupApplyXlaOp(tfw::OpKernelConstruction* ctx)
+      : XlaOpKernel(ctx),
+        on_cpu_(ctx->device_type() == tfw::DeviceType(tfw::DEVICE_CPU_XLA_JIT)) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &dtype_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+    for (int i = 0; i < NumOptions<Rule>(); ++i) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr(Rule::kOptions[i].name, &options_[i]));
+    }
+  }
+
+  void Compile(tfw::XlaOpKernelContext* ctx) override {
+    const int64_t num_state = (1 + kSlots) * n_;
+    const int64_t first_hyper = num_state, first_grad = num_state + kHyper;
+    absl::Status status;
+    for (int i = 0; i < kHyper; ++i) {
+      const Shape shape = InputShape(ctx, first_hyper + i, &status);
+      OP_REQUIRES_OK(ctx, status);
+      OP_REQUIRES(ctx, shape.empty(),
+                  absl::InvalidArgumentError(std::string(Rule::kHyper[i]) +
+                                             " must be a scalar, got shape " + ShapeString(shape)));
+    }
+    std::vector<xla::XlaOp> state(num_state);
+    std::vector<Shape> shapes(num_state);
+    for (int64_t j = 0; j < num_state; ++j) {
+      tfw::TensorShape shape;
+      OP_REQUIRES_OK(ctx, ctx->ReadVariableInput(j, dtype_, &shape, &state[j]));
+      shapes[j] = ToShape(shape);
+    }
+    const Shape scalars[kHyper > 0 ? kHyper : 1];
+    for (int64_t v = 0; v < n_; ++v) {
+      std::array<Shape, kSlots> slots;
+      for (int k = 0; k < kSlots; ++k) slots[k] = shapes[(k + 1) * n_ + v];
+      const Shape grad = InputShape(ctx, first_grad + v, &status);
+      OP_REQUIRES_OK(ctx, status);
+      const std::string error = ValidateDense<Rule>(shapes[v], slots.data(), scalars, grad);
+      OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(GroupMemberError(v, n_, error)));
+    }
+    xla::XlaBuilder* b = ctx->builder();
+    std::vector<xla::XlaOp> updated(num_state);
+    if (UseCustomCall(on_cpu_)) {
+      std::vector<xla::XlaOp> operands(state);
+      for (int i = 0; i < kHyper; ++i) operands.push_back(ctx->Input(first_hyper + i));
+      for (int64_t v = 0; v < n_; ++v) operands.push_back(ctx->Input(first_grad + v));
+      std::vector<uint8_t> options(std::max(1, NumOptions<Rule>()), 0);
+      for (int i = 0; i < NumOptions<Rule>(); ++i) options[i] = options_[i] ? 1 : 0;
+      operands.push_back(xla::ConstantR1<uint8_t>(b, options));
+      std::vector<xla::Shape> out_shapes;
+      std::vector<std::pair<xla::ShapeIndex, std::pair<int64_t, xla::ShapeIndex>>> aliasing;
+      for (int64_t j = 0; j < num_state; ++j) {
+        auto shape = b->GetShape(state[j]);
+        OP_REQUIRES_OK(ctx, shape.status());
+        out_shapes.push_back(*shape);
+        aliasing.push_back({xla::ShapeIndex{j}, {j, xla::ShapeIndex{}}});
+      }
+      const xla::XlaOp call = xla::CustomCall(
+          b, GroupCustomCallTarget(Rule::kPyName), operands,
+          xla::ShapeUtil::MakeTupleShape(out_shapes), /*opaque=*/"", /*has_side_effect=*/true,
+          aliasing, /*literal=*/nullptr, xla::CustomCallSchedule::SCHEDULE_NONE,
+          xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);
+      for (int64_t j = 0; j < num_state; ++j) updated[j] = xla::GetTupleElement(call, j);
+    } else {
+      xla::PrimitiveType storage;
+      OP_REQUIRES_OK(ctx, tfw::DataTypeToPrimitiveType(dtype_, &storage));
+      const xla::PrimitiveType compute = ComputeTypeOf(storage);
+      XlaValueScope scope(b, compute);
+      const auto params = HloParams<Rule>(ctx, first_hyper, compute, options_.data());
+      for (int64_t v = 0; v < n_; ++v) {
+        std::array<xla::XlaOp, kSlots> slots;
+        for (int k = 0; k < kSlots; ++k) {
+          slots[k] = xla::ConvertElementType(state[(k + 1) * n_ + v], compute);
+        }
+        const HloState<Rule> out = HloUpdate<Rule>(
+            params, xla::ConvertElementType(state[v], compute), slots,
+            xla::ConvertElementType(ctx->Input(first_grad + v), compute), storage);
+        updated[v] = out.var;
+        for (int k = 0; k < kSlots; ++k) updated[(k + 1) * n_ + v] = out.slots[k];
+      }
+    }
+    OP_REQUIRES_OK(ctx, b->first_error());
+    for (int64_t j = 0; j < num_state; ++j) {
+      OP_REQUIRES_OK(ctx, ctx->AssignVariable(j, dtype_, updated[j]));
+    }
+  }
+
+ private:
+  const bool on_cpu_;
+  tfw::DataType dtype_;
+  int64_t n_ = 0;
+  std::array<bool, NumOptions<Rule>()> options_{};
+};
+
 // ---------------------------------------------------------------------------------------
 // The custom call's handler: the CPU engine on XLA's buffers.
 
@@ -434,27 +538,41 @@ class FfiExecutor final : public Executor {
   ffi::ThreadPool& pool_;
 };
 
+// Call::Typed<T>(pool, args, rets) for the storage type of the first argument (var).
+template <typename Call>
+ffi::Error RunTyped(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  auto var = args.get<ffi::AnyBuffer>(0);
+  if (!var.has_value()) return var.error();
+  switch (var->element_type()) {
+    case ffi::DataType::F16:
+      return Call::template Typed<half_t>(pool, args, rets);
+    case ffi::DataType::BF16:
+      return Call::template Typed<bfloat16_t>(pool, args, rets);
+    case ffi::DataType::F32:
+      return Call::template Typed<float>(pool, args, rets);
+    case ffi::DataType::F64:
+      return Call::template Typed<double>(pool, args, rets);
+    default:
+      return ffi::Error::InvalidArgument("fusedopt: unsupported variable dtype");
+  }
+}
+
+// The FFI entry point of a handler: binds XLA's thread pool and every argument and result.
+template <typename Call>
+XLA_FFI_Error* FfiEntry(XLA_FFI_CallFrame* frame) {
+  static auto* handler = ffi::Ffi::Bind()
+                             .Ctx<ffi::ThreadPool>()
+                             .RemainingArgs()
+                             .RemainingRets()
+                             .To(RunTyped<Call>)
+                             .release();
+  return handler->Call(frame);
+}
+
 template <typename Rule, bool kSparse>
 struct FfiCall {
   static constexpr int kSlots = NumSlots<Rule>();
   static constexpr int kHyper = NumHyper<Rule>();
-
-  static ffi::Error Run(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets) {
-    auto var = args.get<ffi::AnyBuffer>(0);
-    if (!var.has_value()) return var.error();
-    switch (var->element_type()) {
-      case ffi::DataType::F16:
-        return Typed<half_t>(pool, args, rets);
-      case ffi::DataType::BF16:
-        return Typed<bfloat16_t>(pool, args, rets);
-      case ffi::DataType::F32:
-        return Typed<float>(pool, args, rets);
-      case ffi::DataType::F64:
-        return Typed<double>(pool, args, rets);
-      default:
-        return ffi::Error::InvalidArgument("fusedopt: unsupported variable dtype");
-    }
-  }
 
   template <typename T>
   static ffi::Error Typed(ffi::ThreadPool& pool, const ffi::RemainingArgs& args,
@@ -518,15 +636,60 @@ struct FfiCall {
     }
   }
 
-  static XLA_FFI_Error* Entry(XLA_FFI_CallFrame* frame) {
-    static auto* handler = ffi::Ffi::Bind()
-                               .Ctx<ffi::ThreadPool>()
-                               .RemainingArgs()
-                               .RemainingRets()
-                               .To(Run)
-                               .release();
-    return handler->Call(frame);
+};
+// The group's custom call: arguments N*(1+kSlots) state buffers (vars, then each slot's),
+// the hyper-parameters, N grads, options; results the state buffers.
+template <typename Rule>
+struct FfiGroupCall {
+  static constexpr int kSlots = NumSlots<Rule>();
+  static constexpr int kHyper = NumHyper<Rule>();
+
+  template <typename T>
+  static ffi::Error Typed(ffi::ThreadPool& pool, const ffi::RemainingArgs& args,
+                          const ffi::RemainingRets& rets) {
+    const int64_t n = (static_cast<int64_t>(args.size()) - kHyper - 1) / (2 + kSlots);
+    const int64_t num_state = (1 + kSlots) * n;
+    if (n < 1 || static_cast<int64_t>(rets.size()) != num_state) {
+      return ffi::Error::InvalidArgument("fusedopt: malformed group custom call");
+    }
+    std::vector<DenseTensor<Rule, T>> tensors(n);
+    for (int64_t j = 0; j < num_state; ++j) {
+      auto in = args.get<ffi::AnyBuffer>(j);
+      auto out = rets.get<ffi::AnyBuffer>(j);
+      if (!in.has_value()) return in.error();
+      if (!out.has_value()) return out.error();
+      void* dst = (*out)->untyped_data();
+      if (dst != in->untyped_data()) std::memcpy(dst, in->untyped_data(), in->size_bytes());
+      DenseTensor<Rule, T>& x = tensors[j % n];
+      if (j < n) {
+        x.var = static_cast<T*>(dst);
+        x.n = static_cast<int64_t>(in->element_count());
+      } else {
+        x.slots[j / n - 1] = static_cast<T*>(dst);
+      }
+    }
+    std::array<const T*, kHyper> hyper;
+    for (int i = 0; i < kHyper; ++i) {
+      auto h = args.get<ffi::AnyBuffer>(num_state + i);
+      if (!h.has_value()) return h.error();
+      hyper[i] = static_cast<const T*>(h->untyped_data());
+    }
+    for (int64_t v = 0; v < n; ++v) {
+      auto grad = args.get<ffi::AnyBuffer>(num_state + kHyper + v);
+      if (!grad.has_value()) return grad.error();
+      tensors[v].grad = static_cast<const T*>(grad->untyped_data());
+    }
+    auto options = args.get<ffi::AnyBuffer>(num_state + kHyper + n);
+    if (!options.has_value()) return options.error();
+    std::array<bool, NumOptions<Rule>()> flags{};
+    const auto* option_bytes = static_cast<const uint8_t*>(options->untyped_data());
+    for (int i = 0; i < NumOptions<Rule>(); ++i) flags[i] = option_bytes[i] != 0;
+    FfiExecutor executor(pool);
+    ApplyDenseGroup<Rule, T>(PrepareParams<Rule, T>(hyper.data(), flags.data()), tensors.data(),
+                             n, executor);
+    return ffi::Error::Success();
   }
+
 };
 #endif  // FUSEDOPT_XLA_FFI
 
@@ -567,7 +730,7 @@ void RegisterXlaKernel() {
 #ifdef FUSEDOPT_XLA_FFI
   static const std::string target = CustomCallTarget(Rule::kPyName, kSparse);
   XLA_FFI_Error* error = ffi::Ffi::RegisterStaticHandler(ffi::GetXlaFfiApi(), target, "Host",
-                                                         &FfiCall<Rule, kSparse>::Entry);
+                                                         &FfiEntry<FfiCall<Rule, kSparse>>);
   (void)error;  // only a duplicate registration fails, and then the first one serves
 #endif
 }
@@ -590,11 +753,27 @@ void RegisterLateJitKernels() {
   }
 }
 
+template <typename Rule>
+void RegisterGroupXlaKernel() {
+  const std::string op = GroupOpName(Rule::kOpName);
+  auto builder = tfw::XlaOpRegistrationBuilder::Name(op);
+  builder.TypeConstraint("T", FloatTypes());
+  new tfw::XlaOpRegistrar(builder.Build(&MakeKernel<FusedGroupApplyXlaOp<Rule>>));
+  Registrations().push_back({op, false, &MakeKernel<FusedGroupApplyXlaOp<Rule>>});
+#ifdef FUSEDOPT_XLA_FFI
+  static const std::string target = GroupCustomCallTarget(Rule::kPyName);
+  XLA_FFI_Error* error = ffi::Ffi::RegisterStaticHandler(ffi::GetXlaFfiApi(), target, "Host",
+                                                         &FfiEntry<FfiGroupCall<Rule>>);
+  (void)error;  // only a duplicate registration fails, and then the first one serves
+#endif
+}
+
 bool RegisterAll() {
   AllRules::ForEach([](auto rule) {
     using Rule = decltype(rule);
     RegisterXlaKernel<Rule, false>();
     RegisterXlaKernel<Rule, true>();
+    RegisterGroupXlaKernel<Rule>();
   });
   RegisterLateJitKernels();
   return true;

@@ -11,6 +11,11 @@ Sparse wrappers also take ``indices``: ``grad`` then has shape ``[N] + var.shape
 duplicate indices are summed before each named row is updated once, and rows not named
 are left untouched (lazy updates).
 
+``resource_group_apply_<rule>`` updates many resource variables in one op (dense
+gradients): ``var``, each slot and ``grad`` are lists of the same length, every variable of
+one dtype (and device), the hyper-parameters are given once for all of them. One pass over
+all elements, numbers identical to one ``resource_apply_<rule>`` per variable.
+
 Updates happen in place. Resource wrappers return the op (graph mode) or None (eager);
 ref wrappers return the updated variable's ref tensor, as TF's ``Apply*`` ops do.
 Bad input raises ``tf.errors.InvalidArgumentError`` and leaves every variable as it was.
@@ -25,10 +30,12 @@ from fusedopt import _loader, rules
 RULES = rules.SPECS
 
 VARIANTS = ("apply", "resource_apply", "sparse_apply", "resource_sparse_apply")
+GROUP_VARIANT = "resource_group_apply"  # N variables, one op (dense)
 
 
 def op_name(rule, variant):
-    """The registered TF op name, e.g. ``FusedOpt>ResourceSparseApplyLazyAdam``."""
+    """The registered TF op name, e.g. ``FusedOpt>ResourceSparseApplyLazyAdam``,
+    ``FusedOpt>ResourceGroupApplyLazyAdam``."""
     prefix = "".join(part.capitalize() for part in variant.split("_"))
     return "FusedOpt>" + prefix + RULES[rule]["op_name"]
 
@@ -42,7 +49,7 @@ def load_library():
     library = _loader.load_library()
     if not _gradients_declared:
         for rule in RULES:
-            for variant in VARIANTS:
+            for variant in VARIANTS + (GROUP_VARIANT,):
                 try:
                     tf.no_gradient(op_name(rule, variant))  # updates are not differentiable
                 except KeyError:  # already declared (e.g. module reloaded)
@@ -79,6 +86,8 @@ def _as_dtype(value, dtype):
 def _apply(rule, variant, var, slots, hyper, grad, indices, use_locking, options, name):
     spec = RULES[rule]
     resource = variant.startswith("resource")
+    if variant == GROUP_VARIANT:
+        return _apply_group(rule, var, slots, hyper, grad, use_locking, options, name)
     dtype = _dtype_of(var)
     kwargs = {"var": _state(var, resource), "use_locking": use_locking, "name": name}
     for slot_name, slot in zip(spec["slots"], slots):
@@ -93,12 +102,45 @@ def _apply(rule, variant, var, slots, hyper, grad, indices, use_locking, options
     return fn(**kwargs)
 
 
+def _as_list(value, what):
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    raise TypeError(f"{what} must be a list (one entry per variable), got {value!r}")
+
+
+def _apply_group(rule, variables, slots, hyper, grads, use_locking, options, name):
+    spec = RULES[rule]
+    variables = _as_list(variables, "var")
+    slots = [_as_list(s, slot_name) for s, slot_name in zip(slots, spec["slots"])]
+    grads = _as_list(grads, "grad")
+    if not variables:
+        raise ValueError("var is empty: a group update needs at least one variable")
+    for what, values in [*zip(spec["slots"], slots), ("grad", grads)]:
+        if len(values) != len(variables):
+            raise ValueError(f"{what} has {len(values)} entries but var has "
+                             f"{len(variables)}: one per variable")
+    dtype = _dtype_of(variables[0])
+    kwargs = {"var": [_state(v, True) for v in variables], "use_locking": use_locking,
+              "name": name}
+    for slot_name, values in zip(spec["slots"], slots):
+        kwargs[slot_name] = [_state(s, True) for s in values]
+    for hyper_name, value in zip(spec["hyper"], hyper):
+        kwargs[hyper_name] = _as_dtype(value, dtype)
+    kwargs["grad"] = [tf.convert_to_tensor(g, dtype_hint=dtype) for g in grads]
+    kwargs.update(options)
+    fn = getattr(load_library(), f"fused_opt_{GROUP_VARIANT}_{rule}")
+    return fn(**kwargs)
+
+
 _VARIANT_DOCS = {
     "apply": "update of a ref variable; returns the var ref",
     "resource_apply": "update of a resource variable",
     "sparse_apply": "update of the rows of a ref variable named by ``indices``; returns the "
                     "var ref",
     "resource_sparse_apply": "update of the rows of a resource variable named by ``indices``",
+    GROUP_VARIANT: "update of many resource variables in one op: ``var``, each slot and "
+                   "``grad`` are lists, one entry per variable (same dtype and device); "
+                   "the hyper-parameters are shared",
 }
 
 
@@ -133,7 +175,7 @@ def _make_wrapper(rule, variant):
 
 
 for _rule in RULES:
-    for _variant in VARIANTS:
+    for _variant in VARIANTS + (GROUP_VARIANT,):
         globals()[f"{_variant}_{_rule}"] = _make_wrapper(_rule, _variant)
 del _rule, _variant
 

@@ -8,7 +8,8 @@ from the rule's ``COMPAT_V1`` spec (``fusedopt/rules/<rule>.py``)::
     opt = fusedopt.compat.v1.AdamaxOptimizer(1e-3)     # was tf.contrib.opt.AdaMaxOptimizer
     opt = fusedopt.compat.v1.AdagradOptimizer(0.1)     # was tf.compat.v1.train.AdagradOptimizer
 
-Every update is one fused op: ref variables (``use_resource=False``, graph mode) use the
+Every update is one fused op (the dense updates of resource variables in one
+``apply_gradients`` call: one group op per dtype and device): ref variables (``use_resource=False``, graph mode) use the
 ``FusedOpt>Apply*`` / ``FusedOpt>SparseApply*`` ops, resource variables the
 ``FusedOpt>ResourceApply*`` / ``FusedOpt>ResourceSparseApply*`` ops. ``IndexedSlices``
 gradients (``tf.gather``, embedding lookups) go to the sparse ops as they are: repeated
@@ -28,6 +29,7 @@ import tensorflow as tf
 
 from fusedopt import ops as _fused_ops
 from fusedopt import rules as _rules
+from fusedopt import _dispatch
 from fusedopt.rules._front import REQUIRED, ArgOr, NonSlot
 
 
@@ -96,7 +98,41 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
             return tuple(self._get_non_slot_variable(power_name, graph=graph)
                          for power_name, _ in self._SPEC.powers)
 
+    # --- the dense updates of one apply_gradients call, as group ops ---------------------
+    #
+    # apply_gradients calls _resource_apply_dense once per variable and _finish after the
+    # last one. Dense updates of resource variables without a constraint are collected
+    # instead and run as one group op per (dtype, device) when _finish starts (before the
+    # power non-slots move on, which wait for them). Under a tf.distribute strategy the
+    # updates run per replica: no collecting there.
+
+    _pending_dense = None  # [(var, grad)] while an apply_gradients call collects
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        if tf.distribute.has_strategy():
+            return super().apply_gradients(grads_and_vars, global_step, name)
+        self._pending_dense = []
+        try:
+            return super().apply_gradients(grads_and_vars, global_step, name)
+        finally:
+            self._pending_dense = None
+
+    def _run_pending_dense(self):
+        pending, self._pending_dense = self._pending_dense or [], None
+        if not pending:
+            return []
+        slot_names = [name for name, _ in self._SPEC.slots]
+        rule_hyper = _fused_ops.RULES[self._RULE]["hyper"]
+        return _dispatch.apply_group(
+            self._RULE,
+            [(var, [self.get_slot(var, slot) for slot in slot_names], grad)
+             for var, grad in pending],
+            lambda var: dict(zip(rule_hyper, (tf.cast(h, var.dtype.base_dtype)
+                                              for h in self._op_hyper()))),
+            self._SPEC.options, use_locking=self._use_locking)
+
     def _finish(self, update_ops, name_scope):
+        update_ops = list(update_ops) + self._run_pending_dense()
         if not self._SPEC.powers:
             return super()._finish(update_ops, name_scope)
         with tf.control_dependencies(update_ops):
@@ -138,6 +174,10 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
         return self._fused_update("apply", var, grad).op
 
     def _resource_apply_dense(self, grad, var):
+        if (self._pending_dense is not None and getattr(var, "constraint", None) is None
+                and _dispatch.groupable(var, grad)):
+            self._pending_dense.append((var, grad))
+            return None if tf.executing_eagerly() else tf.no_op()
         return self._fused_update("resource_apply", var, grad)
 
     # The kernels sum repeated indices themselves: no Python-level dedup

@@ -18,7 +18,7 @@ Keras 2 ``OptimizerV2`` classes: ``fusedopt.keras.legacy``; DTensor: ``fusedopt.
 import tensorflow as tf
 
 from fusedopt import rules as _rules
-from fusedopt.keras import _dispatch
+from fusedopt import _dispatch
 from fusedopt.rules._front import LearningRate, Power
 
 _optimizers = tf.keras.optimizers
@@ -78,6 +78,27 @@ class _FusedUpdate:
         slots = [self._slot(getattr(self, attr), variable) for attr in self._fused_spec.slots]
         return self._fused(self._fused_rule, variable, slots, gradient,
                            self._hyper(variable, learning_rate), self._fused_spec.options)
+
+    # Keras 3 (TF backend) calls update_step once per variable from here. Dense gradients
+    # instead go to one group op per dtype and device, the per-step scalars computed once;
+    # sparse gradients (and everything under a tf.distribute strategy, whose update() runs
+    # per replica) keep the per-variable path.
+    def _distributed_tf_update_step(self, distribution, grads_and_vars, learning_rate):
+        if (self._keeps_own_update() or self._fused_composed or tf.distribute.has_strategy()
+                or distribution is not tf.distribute.get_strategy()):
+            return super()._distributed_tf_update_step(distribution, grads_and_vars,
+                                                       learning_rate)
+        grouped, rest = [], []
+        for grad, var in grads_and_vars:
+            (grouped if _dispatch.groupable(var, grad) else rest).append((grad, var))
+        if grouped:
+            spec = self._fused_spec
+            _dispatch.apply_group(
+                self._fused_rule,
+                [(var, [self._slot(getattr(self, attr), var) for attr in spec.slots], grad)
+                 for grad, var in grouped],
+                lambda var: self._hyper(var, learning_rate), spec.options)
+        return super()._distributed_tf_update_step(distribution, rest, learning_rate)
 
     def _fused(self, rule, variable, slots, gradient, hyper, options=None):
         return _dispatch.apply(rule, variable, slots, gradient, hyper, options,

@@ -23,7 +23,8 @@ them); they map to the base optimizer's keyword arguments, which are also accept
 import tensorflow as tf
 
 from fusedopt import rules as _rules
-from fusedopt.keras import _FusedUpdate, _dispatch
+from fusedopt import _dispatch
+from fusedopt.keras import _FusedUpdate
 from fusedopt.keras.legacy import _keras2
 
 _keras = _keras2()

@@ -6,7 +6,8 @@ For code on ``tf_keras`` (TF >= 2.16, usually with ``TF_USE_LEGACY_KERAS=1``) an
 ``Adam``/``Adamax``/``Adagrad``/... and keep their
 arguments (``learning_rate``, ``beta_1``, ``beta_2``, ``epsilon``, ``name``, ``clipnorm``,
 ``clipvalue``, ``lr``, ``decay``, ...), slots (``m``/``v``, ``accumulator``), config and
-methods; only ``_resource_apply_dense``/``_resource_apply_sparse`` change. Dense numbers
+methods; only the updates change (``_resource_apply_dense``/``_resource_apply_sparse``, and
+the dense updates of a step go to one group op per device and dtype). Dense numbers
 are those of the Keras optimizer (TF ``ApplyAdam``/``ApplyAdaMax``/``ApplyAdagradV2``:
 Adagrad's epsilon outside the square root); sparse gradients update only touched rows.
 
@@ -16,7 +17,7 @@ Adagrad's epsilon outside the square root); sparse gradients update only touched
 import tensorflow as tf
 
 from fusedopt import rules as _rules
-from fusedopt.keras import _dispatch
+from fusedopt import _dispatch
 
 
 def _keras2():
@@ -60,6 +61,31 @@ class _FusedApply:
         op = _dispatch.apply(self._fused_rule, var, slots, grad, hyper, spec.options,
                              composed=self._fused_composed, use_locking=self._use_locking)
         return tf.no_op() if op is None and not tf.executing_eagerly() else op
+
+    # OptimizerV2 applies each variable in turn; the dense gradients of resource variables
+    # without a constraint go to one group op per (device, dtype) first (apply_state's
+    # coefficients are per (device, dtype) too), the rest through the base's loop, whose
+    # iterations increment then waits for the group ops. Not under a tf.distribute
+    # strategy (its update() runs per replica).
+    def _distributed_apply(self, distribution, grads_and_vars, apply_state, name):
+        if (self._keeps_own_update() or self._fused_composed or tf.distribute.has_strategy()
+                or distribution is not tf.distribute.get_strategy()):
+            return super()._distributed_apply(distribution, grads_and_vars, apply_state, name)
+        grouped, rest = [], []
+        for grad, var in grads_and_vars:
+            ok = _dispatch.groupable(var, grad) and getattr(var, "constraint", None) is None
+            (grouped if ok else rest).append((grad, var))
+        spec = self._fused_spec
+        group_ops = _dispatch.apply_group(
+            self._fused_rule,
+            [(var, [self.get_slot(var, slot) for slot in spec.slots], grad)
+             for grad, var in grouped],
+            lambda var: {name: c for name, c in zip(
+                spec.hyper, (self._coefficients(var, apply_state)[key]
+                             for key in spec.hyper.values()))},
+            spec.options, use_locking=self._use_locking) if grouped else []
+        with tf.control_dependencies(group_ops):
+            return super()._distributed_apply(distribution, rest, apply_state, name)
 
     def _resource_apply_dense(self, grad, var, apply_state=None):
         if self._keeps_own_update():

@@ -1,9 +1,10 @@
-"""Shared plumbing of the Keras optimizers: one fused update, fused op or composed form.
+"""Shared plumbing of the front ends: one fused update, fused op or composed form.
 
 ``apply(rule, variable, slots, grad, hyper, options)`` updates ``variable`` and its
 ``slots`` in place with fusedopt's op for ``rule`` (dense gradient, or ``tf.IndexedSlices``
 -> the sparse op, touched rows only), also inside XLA-compiled steps (the ops have XLA
-kernels). Only ``composed=True`` (DTensor sharded layouts, where custom ops cannot run)
+kernels). ``apply_group`` does the dense updates of many variables with one op per dtype and
+device (``resource_group_apply_<rule>``). Only ``composed=True`` (DTensor sharded layouts, where custom ops cannot run)
 takes the same rule in composed TF ops (``fusedopt.reference``'s math).
 """
 
@@ -75,3 +76,40 @@ def apply(rule, variable, slots, grad, hyper, options=None, composed=False,
         return _composed_dense(rule, variable, slots, grad, hyper, options)
     return _op(rule, False)(variable, *slots, grad=grad, use_locking=use_locking, **hyper,
                             **options)
+
+
+def groupable(variable, grad):
+    """Whether the group op can take this update: a dense gradient of a resource variable."""
+    variable = unwrap(variable)
+    return (grad is not None and not isinstance(grad, tf.IndexedSlices)
+            and isinstance(variable, tf.Variable) and hasattr(variable, "handle")
+            and variable.dtype != tf.resource)
+
+
+def apply_group(rule, updates, hyper_for, options=None, use_locking=False):
+    """Dense updates of many variables: one ``resource_group_apply_<rule>`` op per
+    (dtype, device) of the variables, in first-seen order.
+
+    ``updates``: [(variable, slots, grad)], every one ``groupable``. ``hyper_for(variable)``
+    gives the hyper-parameters dict for a group, from its first variable (they depend on
+    the dtype and device only). Gradients are cast to the variable's dtype, as Keras does.
+    Returns the ops (graph mode) or [] (eager).
+    """
+    groups = {}
+    for variable, slots, grad in updates:
+        variable = unwrap(variable)
+        key = (variable.dtype.base_dtype, variable.device)
+        groups.setdefault(key, []).append((variable, [unwrap(s) for s in slots], grad))
+    op = getattr(ops, "resource_group_apply_" + rule)
+    results = []
+    for (dtype, device), members in groups.items():
+        n_slots = len(members[0][1])
+        with tf.device(device or None):
+            result = op([m[0] for m in members],
+                        *[[m[1][k] for m in members] for k in range(n_slots)],
+                        **hyper_for(members[0][0]),
+                        grad=[tf.cast(m[2], dtype) for m in members],
+                        use_locking=use_locking, **dict(options or {}))
+        if result is not None:
+            results.append(result)
+    return results
