@@ -14,8 +14,8 @@ def test_quick_benchmark_runs_every_scenario_and_contenders_agree(tmp_path):
         capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    for scenario in ("sparse", "sparse_xla", "dense", "scaling", "bandwidth", "many_small",
-                     "aims"):
+    for scenario in ("sparse", "sparse_xla", "dense", "dense_sizes", "scaling", "bandwidth",
+                     "many_small", "aims"):
         assert scenario in results
     sparse = results["sparse"]
     expected = {
@@ -38,7 +38,25 @@ def test_quick_benchmark_runs_every_scenario_and_contenders_agree(tmp_path):
     assert len(results["sparse_xla"]) == 2  # two table sizes
     for rows_in_table, rows in results["sparse_xla"].items():
         assert xla <= set(rows), (rows_in_table, sorted(rows))
-    for block in ("sparse", "sparse_xla", "dense"):
+    assert len(results["dense_sizes"]) == 2  # two sizes
+    for n, rows in results["dense_sizes"].items():
+        assert {"fusedopt (raw op)", "TF fused kernel"} <= set(rows), (n, sorted(rows))
+    many_small = results["many_small"]
+    expected_small = {"fusedopt group op (raw)", "fusedopt per-variable ops (raw)",
+                      "fusedopt group op (raw), v1 Session",
+                      "fusedopt per-variable ops (raw), v1 Session",
+                      "TF fused kernel per variable", "fusedopt.keras.LazyAdam (group op)",
+                      "tf.keras Adam"}
+    if importlib.util.find_spec("tf_keras") is not None:
+        expected_small |= {"tf_keras legacy Adam", "fusedopt.keras.legacy.LazyAdam (group op)"}
+    if importlib.util.find_spec("torch") is not None:
+        expected_small |= {"torch Adam (foreach)", "torch Adam (fused)"}
+        assert all("torch Adam (fused)" in rows for rows in results["dense_sizes"].values())
+    assert expected_small <= set(many_small), sorted(many_small)
+    for name, row in many_small.items():
+        if not name.startswith("_"):
+            assert row["match"] and row["max_rel_error"] < 1e-3, (name, row)
+    for block in ("sparse", "sparse_xla", "dense", "dense_sizes"):
         for rule, rows in results[block].items():
             for name, row in rows.items():
                 if not name.startswith("_"):

@@ -9,10 +9,12 @@
 #define FUSEDOPT_CC_CORE_EXECUTOR_H_
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -95,6 +97,45 @@ void RunOnThreads(int count, const Fn& fn) {
   run(0);
   for (auto& t : threads) t.join();
   if (error) std::rethrow_exception(error);
+}
+
+// Runs fn over [0, n) cut into `blocks` equal pieces with the help of a thread pool:
+// schedule(task) hands `task` to the pool (called `helpers` times). The calling thread claims
+// pieces too and then waits only for pieces other threads are running, so a busy pool can
+// neither stall nor deadlock it. The pool's tasks may start after this returns (when the
+// caller ran every piece itself): they then find nothing left and exit.
+template <typename Schedule>
+void RunClaimingPieces(int64_t n, int64_t blocks, int64_t helpers, const Schedule& schedule,
+                       const Executor::Block& fn) {
+  if (n <= 0) return;
+  blocks = std::max<int64_t>(1, std::min(blocks, n));
+  if (blocks == 1) {
+    fn(0, n);
+    return;
+  }
+  struct Progress {
+    std::atomic<int64_t> next{0};
+    std::mutex mu;
+    std::condition_variable cv;
+    int64_t done = 0;
+  };
+  auto progress = std::make_shared<Progress>();
+  const int64_t step = (n + blocks - 1) / blocks;
+  blocks = (n + step - 1) / step;
+  const Executor::Block* body = &fn;  // valid until every piece is done (the caller waits)
+  auto claim_pieces = [progress, step, n, blocks, body] {
+    for (;;) {
+      const int64_t piece = progress->next.fetch_add(1);
+      if (piece >= blocks) return;
+      (*body)(piece * step, std::min(n, (piece + 1) * step));
+      std::lock_guard<std::mutex> lock(progress->mu);
+      if (++progress->done == blocks) progress->cv.notify_all();
+    }
+  };
+  for (int64_t t = 0; t < std::min(helpers, blocks - 1); ++t) schedule(claim_pieces);
+  claim_pieces();
+  std::unique_lock<std::mutex> lock(progress->mu);
+  progress->cv.wait(lock, [&] { return progress->done == blocks; });
 }
 
 // Plain std::thread fan-out for callers without a pool (the pybind11 module), at most

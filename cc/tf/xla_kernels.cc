@@ -496,42 +496,13 @@ class FfiExecutor final : public Executor {
   explicit FfiExecutor(ffi::ThreadPool& pool) : pool_(pool) {}
 
   void ParallelFor(int64_t n, int64_t cost_per_unit, const Block& fn) override {
-    if (n <= 0) return;
     const int64_t threads = std::max<int64_t>(1, pool_.num_threads() + 1);
     // Below ~50k cycles of work a thread costs more than it saves.
     const int64_t min_units = std::max<int64_t>(1, 50000 / std::max<int64_t>(1, cost_per_unit));
     const int64_t blocks = std::min<int64_t>(4 * threads, std::max<int64_t>(1, n / min_units));
-    if (blocks <= 1) {
-      fn(0, n);
-      return;
-    }
-    // Shared with the pool's tasks, which may start after this call has returned (when
-    // the caller already ran every block): they then find nothing left and exit.
-    struct Progress {
-      std::atomic<int64_t> next{0};
-      std::mutex mu;
-      std::condition_variable cv;
-      int64_t done = 0;
-    };
-    auto progress = std::make_shared<Progress>();
-    const int64_t step = (n + blocks - 1) / blocks;
-    const Block* body = &fn;  // valid until every block is done, which the caller waits for
-    auto claim_blocks = [progress, step, n, blocks, body] {
-      for (;;) {
-        const int64_t block = progress->next.fetch_add(1);
-        if (block >= blocks) return;
-        (*body)(block * step, std::min(n, (block + 1) * step));
-        std::lock_guard<std::mutex> lock(progress->mu);
-        if (++progress->done == blocks) progress->cv.notify_all();
-      }
-    };
-    for (int64_t t = 1; t < std::min(threads, blocks); ++t) {
-      auto task = claim_blocks;  // Schedule takes its task by value
-      pool_.Schedule(std::move(task));
-    }
-    claim_blocks();
-    std::unique_lock<std::mutex> lock(progress->mu);
-    progress->cv.wait(lock, [&] { return progress->done == blocks; });
+    RunClaimingPieces(
+        n, blocks, threads - 1,
+        [this](auto task) { pool_.Schedule(std::move(task)); }, fn);
   }
 
  private:

@@ -58,6 +58,31 @@ def scaling_aims(scaling):
     return rows
 
 
+def dense_sizes_aims(sizes):
+    rows = []
+    for n, contenders in sorted(sizes.items(), key=lambda kv: int(kv[0])):
+        if "torch Adam (fused)" in contenders:
+            rows.append(aim(f"dense Adam at {int(n):,} parameters vs torch Adam (fused)",
+                            contenders["torch Adam (fused)"]["x_fusedopt"], 1))
+    return rows
+
+
+def many_small_aims(rows):
+    group, per_variable = "fusedopt group op (raw)", "fusedopt per-variable ops (raw)"
+    keras_class, keras = "fusedopt.keras.LazyAdam (group op)", "tf.keras Adam"
+    out = [aim("many small variables: group op vs our per-variable ops",
+               rows[per_variable]["x_fusedopt"], 2)]
+    if group + ", v1 Session" in rows:
+        out.append(aim("many small variables: same, in a v1 Session (no tf.function captures)",
+                       rows[per_variable + ", v1 Session"]["median_ms"]
+                       / rows[group + ", v1 Session"]["median_ms"], 2))
+    if keras_class in rows:
+        ratio = rows[keras]["median_ms"] / rows[keras_class]["median_ms"]
+        out += [aim("many small variables: fusedopt.keras.LazyAdam vs tf.keras Adam", ratio, 5),
+                aim("many small variables: same, moonshot", ratio, 10)]
+    return out
+
+
 def aims(results):
     """[{aim, value, target, met}] for the scenarios present in results."""
     rows = []
@@ -70,4 +95,8 @@ def aims(results):
     if "bandwidth" in results:
         rows.append(aim("dense Adam op, % of measured bandwidth",
                         results["bandwidth"]["fusedopt_op_adam_pct"], 60))
+    if "dense_sizes" in results:
+        rows += dense_sizes_aims(results["dense_sizes"])
+    if "many_small" in results:
+        rows += many_small_aims(results["many_small"])
     return rows + scaling_aims(results.get("scaling", {}))

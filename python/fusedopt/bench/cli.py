@@ -12,14 +12,16 @@ from fusedopt.bench.aims import aims
 from fusedopt.bench.config import THREADS, sizes
 from fusedopt.bench.report import CONTENDER_TABLES, markdown, plot
 
-SCENARIOS = ("sparse", "sparse_xla", "dense", "scaling", "bandwidth", "many_small")
+SCENARIOS = ("sparse", "sparse_xla", "dense", "dense_sizes", "scaling", "bandwidth",
+             "many_small")
 
 
 def run_scenario(name, tf, cfg, progress, quick):
     if name == "scaling":  # its child process must use the same sizes
         return memory.scenario_scaling(tf, cfg, progress, quick)
     scenario = {"sparse": sparse.scenario_sparse, "sparse_xla": sparse.scenario_sparse_xla,
-                "dense": dense.scenario_dense, "bandwidth": memory.scenario_bandwidth,
+                "dense": dense.scenario_dense, "dense_sizes": dense.scenario_dense_sizes,
+                "bandwidth": memory.scenario_bandwidth,
                 "many_small": dense.scenario_many_small}[name]
     return scenario(tf, cfg, progress)
 
@@ -92,7 +94,7 @@ def mismatches(results):
              for table, rows in results.get(block, {}).items() for name, r in rows.items()
              if not name.startswith("_") and not r["match"]]
     return found + [("many_small", name) for name, r in results.get("many_small", {}).items()
-                    if not r["match"]]
+                    if not name.startswith("_") and not r["match"]]
 
 
 def write_report(results, args, argv):

@@ -5,7 +5,9 @@ import gc
 import numpy as np
 
 from fusedopt.bench import libraries
-from fusedopt.bench.contenders import RULES, add_optimizer
+from fusedopt.bench.config import BETA1, BETA2, EPS, LR, THREADS
+from fusedopt.bench.contenders import RULES, Optimizer, add_optimizer
+from fusedopt.bench.memory import wait_for_huge_pages
 from fusedopt.bench.timing import check_and_time, cycling, quiet_function
 
 
@@ -107,26 +109,72 @@ def scenario_dense(tf, cfg, progress):
     return out
 
 
+def scenario_dense_sizes(tf, cfg, progress):
+    """Dense Adam against TF's fused kernel and torch's multi-tensor Adam (foreach, fused)
+    at two sizes: in cache-unfriendly memory (16M parameters: 448 MB moved per step) and
+    far beyond it (128M: 3.6 GB). {parameters: rows}."""
+    rule_name = "lazy_adam"
+    out = {}
+    for n in cfg["dense_sizes"]:
+        rng = np.random.default_rng(1)
+        init = rng.normal(0, 0.05, n).astype(np.float32)
+        grads = [tf.constant(rng.normal(0, 1, n).astype(np.float32)) for _ in range(2)]
+        progress(f"dense sizes: {rule_name}, {n:,} float32 parameters")
+        steps = DenseSteps(tf, init, grads, rule_name)
+        contenders = {"fusedopt (raw op)": (steps.fused, "tf"),
+                      "TF fused kernel": (steps.tf_kernel, "tf")}
+        for optimizer in steps.rule.torch_dense:
+            add_optimizer(contenders, optimizer, steps.torch)
+        oracles = {"tf": steps.fused,
+                   "torch": functools.partial(steps.fused, hyper=steps.rule.torch_hyper)}
+        # settle: timed once the op's huge-page collapse of var, m and v is done (a long
+        # run's steady state; torch's buffers stay on 4 KB pages, THP being "madvise").
+        rows = check_and_time(contenders, oracles, cfg["check_steps"], cfg["dense_steps"],
+                              cfg["repeats"], progress, settle=wait_for_huge_pages)
+        bytes_per_step = 4 * n * 7  # r+w var, m, v; r grad
+        for row in rows.values():
+            row["GB_per_s"] = bytes_per_step / (row["median_ms"] / 1e3) / 1e9
+        rows["_meta"] = {"bytes_per_step": bytes_per_step}
+        out[n] = rows
+        del steps, grads, init
+        gc.collect()
+    return out
+
+
 MANY_SMALL_RULE = "lazy_adam"  # the rule of the "many small variables" scenario
 
 
+def many_small_shapes(cfg):
+    """small_pairs x ([small_dim, small_dim] and [small_dim]): a model's weights and biases."""
+    n, d = cfg["small_pairs"], cfg["small_dim"]
+    return [(d, d)] * n + [(d,)] * n
+
+
 def scenario_many_small(tf, cfg, progress):
-    """One step over many small variables: the cost of one op per variable."""
+    """One dense step over many small variables: one op per variable (fusedopt's and TF's
+    kernels), fusedopt's group op, the optimizer classes (Keras 3 and Keras 2, fusedopt's
+    on the group op) and torch's multi-tensor Adam (foreach, fused) on the same shapes.
+    Every step repeats the first step's update (one check step)."""
     from fusedopt import ops
 
     rule = RULES[MANY_SMALL_RULE]
-    count, size = cfg["small_vars"], cfg["small_size"]
+    shapes = many_small_shapes(cfg)
     rng = np.random.default_rng(3)
-    inits = [rng.normal(0, 0.05, size).astype(np.float32) for _ in range(count)]
-    grads = [tf.constant(rng.normal(0, 1, size).astype(np.float32)) for _ in range(count)]
-    hyper = rule.hyper(1)  # every step repeats the first step's update: one check step
+    inits = [rng.normal(0, 0.05, shape).astype(np.float32) for shape in shapes]
+    grads = [tf.constant(rng.normal(0, 1, shape).astype(np.float32)) for shape in shapes]
+    hyper = rule.hyper(1)
     fused_op = getattr(ops, f"resource_apply_{MANY_SMALL_RULE}")
+    group_op = getattr(ops, f"resource_group_apply_{MANY_SMALL_RULE}")
     tf_kernel = getattr(tf.raw_ops, rule.tf_dense_kernel)
 
-    def one_op_per_variable(apply):
+    def variables_and_slots():
         variables = [tf.Variable(x) for x in inits]
-        slots = [[tf.Variable(tf.fill([size], rule.slot_init)) for _ in rule.slots]
-                 for _ in variables]
+        slots = [[tf.Variable(tf.fill(x.shape, rule.slot_init)) for _ in rule.slots]
+                 for x in inits]
+        return variables, slots
+
+    def one_op_per_variable(apply):
+        variables, slots = variables_and_slots()
 
         @tf.function
         def step():
@@ -134,19 +182,96 @@ def scenario_many_small(tf, cfg, progress):
                 apply(var, var_slots, g)
         return step, variables[0]
 
-    def fused():
+    def group():
+        variables, slots = variables_and_slots()
+        per_slot = [[s[k] for s in slots] for k in range(len(rule.slots))]
+        return quiet_function(tf, lambda: group_op(variables, *per_slot, grad=grads, **hyper)), \
+            variables[0]
+
+    def fused(hyper=hyper):
         return one_op_per_variable(lambda var, slots, g: fused_op(var, *slots, grad=g, **hyper))
 
     def tf_fused():
         return one_op_per_variable(lambda var, slots, g: tf_kernel(
             **rule.tf_kernel_variables(var, slots), grad=g, **hyper))
 
-    def keras():
+    def optimizer(make_optimizer):
         variables = [tf.Variable(x) for x in inits]
-        opt = rule.keras.make(tf)
+        opt = make_optimizer()
         return quiet_function(tf, lambda: opt.apply_gradients(zip(grads, variables))), variables[0]
 
-    progress(f"many small variables: {count} x {size}")
-    return check_and_time({"fusedopt (raw op)": (fused, "tf"), "TF fused kernel": (tf_fused, "tf"),
-                           rule.keras.name: (keras, "tf")},
-                          {"tf": fused}, 1, cfg["small_steps"], cfg["repeats"], progress)
+    def torch(make_optimizer):
+        torch = libraries.torch()
+        parameters = [torch.nn.Parameter(torch.from_numpy(x.copy())) for x in inits]
+        opt = make_optimizer(parameters)
+        torch_grads = [torch.from_numpy(g.numpy()) for g in grads]
+
+        def step():
+            for p, g in zip(parameters, torch_grads):
+                p.grad = g
+            opt.step()
+        return step, parameters[0]
+
+    def v1_graph(build):
+        """build(variables, slots, grads) -> op, in a tf.compat.v1 graph run by a Session:
+        the op's own cost, without tf.function's per-call handling of ~4,000 captured
+        inputs (variables, slots, gradients) that every contender above pays."""
+        graph = tf.Graph()
+        with graph.as_default():
+            variables = [tf.compat.v1.Variable(x, use_resource=True) for x in inits]
+            slots = [[tf.compat.v1.Variable(tf.fill(x.shape, rule.slot_init), use_resource=True)
+                      for _ in rule.slots] for x in inits]
+            graph_grads = [tf.constant(g.numpy()) for g in grads]
+            op = build(variables, slots, graph_grads)
+            session = tf.compat.v1.Session(graph=graph, config=tf.compat.v1.ConfigProto(
+                intra_op_parallelism_threads=THREADS, inter_op_parallelism_threads=1))
+            session.run(tf.compat.v1.global_variables_initializer())
+
+        class Value:  # what check_and_time reads back
+            def numpy(self):
+                return session.run(variables[0])
+        return (lambda: session.run(op)), Value()
+
+    def group_v1():
+        return v1_graph(lambda variables, slots, g: group_op(
+            variables, *[[s[k] for s in slots] for k in range(len(rule.slots))], grad=g,
+            **hyper))
+
+    def fused_v1():
+        return v1_graph(lambda variables, slots, g: tf.group(
+            [fused_op(v, *s, grad=x, **hyper) for v, s, x in zip(variables, slots, g)]))
+
+    contenders = {"fusedopt group op (raw)": (group, "tf"),
+                  "fusedopt per-variable ops (raw)": (fused, "tf"),
+                  "fusedopt group op (raw), v1 Session": (group_v1, "tf"),
+                  "fusedopt per-variable ops (raw), v1 Session": (fused_v1, "tf"),
+                  "TF fused kernel per variable": (tf_fused, "tf")}
+    for entry in MANY_SMALL_OPTIMIZERS:
+        add_optimizer(contenders, entry, optimizer)
+    for entry in rule.torch_dense:
+        add_optimizer(contenders, entry, torch)
+    oracles = {"tf": fused, "torch": functools.partial(fused, hyper=rule.torch_hyper(1))}
+    progress(f"many small variables: {len(shapes)} ({cfg['small_pairs']} x "
+             f"[{cfg['small_dim']},{cfg['small_dim']}] + {cfg['small_pairs']} x "
+             f"[{cfg['small_dim']}])")
+    rows = check_and_time(contenders, oracles, 1, cfg["small_steps"], cfg["repeats"], progress)
+    rows["_meta"] = {"shapes": f"{cfg['small_pairs']} x [{cfg['small_dim']},{cfg['small_dim']}]"
+                               f" + {cfg['small_pairs']} x [{cfg['small_dim']}]",
+                     "parameters": int(sum(np.prod(s) for s in shapes))}
+    return rows
+
+
+def _keras_adam(module):
+    return module.optimizers.Adam(LR, BETA1, BETA2, EPS)
+
+
+# The optimizer classes of the many-small scenario, all in TF's Adam form ("tf").
+MANY_SMALL_OPTIMIZERS = (
+    Optimizer("fusedopt.keras.LazyAdam (group op)", "tf", libraries.fusedopt_keras,
+              lambda fk: fk.LazyAdam(LR, BETA1, BETA2, EPS)),
+    Optimizer("tf.keras Adam", "tf", libraries.tensorflow, lambda tf: _keras_adam(tf.keras)),
+    Optimizer("fusedopt.keras.legacy.LazyAdam (group op)", "tf", libraries.fusedopt_legacy,
+              lambda legacy: legacy.LazyAdam(LR, BETA1, BETA2, EPS)),
+    Optimizer("tf_keras legacy Adam", "tf", libraries.tf_keras,
+              lambda tf_keras: tf_keras.optimizers.legacy.Adam(LR, BETA1, BETA2, EPS)),
+)

@@ -39,3 +39,11 @@ def tensorflow_addons():
 
 def fusedopt_keras():
     return _optional("fusedopt.keras")
+
+
+def fusedopt_legacy():
+    """fusedopt.keras.legacy, where its Keras 2 (tf_keras, or tf.keras on TF 2.15) exists."""
+    try:
+        return importlib.import_module("fusedopt.keras.legacy")
+    except ImportError:
+        return None

@@ -6,7 +6,8 @@ from fusedopt.bench.config import THREADS
 # Scenarios whose results are {table: {contender: row}}, with their report titles.
 CONTENDER_TABLES = [("Sparse embedding step", "sparse"),
                     ("Sparse step under XLA (jit_compile), LazyAdam, by table rows", "sparse_xla"),
-                    ("Dense step", "dense")]
+                    ("Dense step", "dense"),
+                    ("Dense LazyAdam step vs TF's kernel and torch, by parameters", "dense_sizes")]
 
 
 def _load_averages(values):
@@ -29,11 +30,13 @@ def header(results, command):
 
 def contender_table(title, key, tables):
     """One section: a table of contenders per rule (or, under XLA, per table size)."""
-    dense = key == "dense"  # with achieved bandwidth
+    dense = key in ("dense", "dense_sizes")  # with achieved bandwidth
     lines = [f"### {title}"]
     for table, rows in tables.items():
         if key == "sparse_xla":
             table = f"{int(table):,} rows"
+        elif key == "dense_sizes":
+            table = f"{int(table):,} parameters"
         meta = rows.get("_meta", {})
         lines += ["", f"**{table}** {json.dumps(meta) if meta else ''}", "",
                   "| contender | median ms | min..max ms | x fusedopt | checked vs | max rel err |"
@@ -71,9 +74,14 @@ def bandwidth_section(bw, repeats):
 
 
 def many_small_section(rows):
-    lines = ["### Many small variables (one step)", "", "| contender | median ms | x fusedopt |",
-             "|---|---|---|"]
-    lines += [f"| {k} | {v['median_ms']:.2f} | {v['x_fusedopt']:.2f} |" for k, v in rows.items()]
+    meta = rows.get("_meta", {})
+    lines = ["### Many small variables (one step)", "",
+             f"{meta.get('shapes', '')} float32 ({meta.get('parameters', 0):,} parameters); "
+             "x fusedopt: median / the group op's median.", "",
+             "| contender | median ms | x fusedopt | matches |", "|---|---|---|---|"]
+    lines += [f"| {k} | {v['median_ms']:.2f} | {v['x_fusedopt']:.2f} | "
+              f"{'yes' if v['match'] else '**no**'} |" for k, v in rows.items()
+              if not k.startswith("_")]
     return lines + [""]
 
 
