@@ -95,6 +95,15 @@ inline Shape ToShape(const ::tensorflow::TensorShape& s) {
   return out;
 }
 
+// Whether a kernel's Device tag is the GPU's (never without FUSEDOPT_CUDA).
+#ifdef FUSEDOPT_CUDA
+template <typename Device>
+inline constexpr bool kOnGpu = std::is_same_v<Device, GpuDeviceTag>;
+#else
+template <typename Device>
+inline constexpr bool kOnGpu = false;
+#endif
+
 // One update: everything FusedApplyOp and FusedSparseApplyGpuOp do, given a context.
 template <typename Device, typename T, typename Rule, Variant kVariant, typename Index>
 class FusedApply {
@@ -102,11 +111,7 @@ class FusedApply {
   static constexpr int kHyper = NumHyper<Rule>();
   static constexpr int kGradInput = 1 + kSlots + kHyper;
   static constexpr bool kSparse = IsSparse(kVariant);
-#ifdef FUSEDOPT_CUDA
-  static constexpr bool kGpu = std::is_same_v<Device, GpuDeviceTag>;
-#else
-  static constexpr bool kGpu = false;
-#endif
+  static constexpr bool kGpu = kOnGpu<Device>;
   using Storage = typename StorageOf<T>::type;
 
  public:
@@ -385,11 +390,7 @@ template <typename Device, typename T, typename Rule>
 class FusedGroupApplyOp : public ::tensorflow::OpKernel {
   static constexpr int kSlots = NumSlots<Rule>();
   static constexpr int kHyper = NumHyper<Rule>();
-#ifdef FUSEDOPT_CUDA
-  static constexpr bool kGpu = std::is_same_v<Device, GpuDeviceTag>;
-#else
-  static constexpr bool kGpu = false;
-#endif
+  static constexpr bool kGpu = kOnGpu<Device>;
   using Storage = typename StorageOf<T>::type;
   using Var = ::tensorflow::Var;
 

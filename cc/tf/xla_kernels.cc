@@ -608,6 +608,7 @@ struct FfiCall {
   }
 
 };
+
 // The group's custom call: arguments N*(1+kSlots) state buffers (vars, then each slot's),
 // the hyper-parameters, N grads, options; results the state buffers.
 template <typename Rule>
