@@ -86,7 +86,9 @@ def test_estimator_trains_and_resumes(tmp_path, rule, use_resource):
     est.train(_input_fn, steps=15)
     op_types = set(_OP_TYPES)
     kind = "Resource" if use_resource else ""
-    assert "FusedOpt>%sApply%s" % (kind, op_suffix) in op_types  # w: dense gradient
+    # w: dense gradient (resource variables: the step's dense updates in one group op)
+    dense = "ResourceGroupApply" if use_resource else "Apply"
+    assert "FusedOpt>%s%s" % (dense, op_suffix) in op_types
     assert "FusedOpt>%sSparseApply%s" % (kind, op_suffix) in op_types  # emb: IndexedSlices
     assert not {"Unique", "UnsortedSegmentSum"} & op_types  # no Python-level dedup
 

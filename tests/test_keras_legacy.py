@@ -122,8 +122,9 @@ else:
         types = {op.type for op in graph.get_operations()}
         for f in graph._functions.values():
             types.update(o.type for o in f.graph.get_operations())
+        # the step's dense updates: one group op; the sparse one: its sparse op
         assert {t for t in types if t.startswith("FusedOpt>")} == {
-            ops.op_name(rule, "resource_apply"), ops.op_name(rule, "resource_sparse_apply")}
+            ops.op_name(rule, "resource_group_apply"), ops.op_name(rule, "resource_sparse_apply")}
         jit = tf.function(step, jit_compile=True)
         before = [v.numpy() for v in variables + [emb]]
         jit(*grads)

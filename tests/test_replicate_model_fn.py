@@ -140,14 +140,17 @@ def test_towers_match_one_model_fn_on_whole_batch(opt, model):
             np.testing.assert_array_equal(values["emb1"][8:], _E0[8:])
     op_types = {op.type for op in graph.get_operations()}
     if opt in FUSED_OP:
-        assert "FusedOpt>ResourceApply%s" % FUSED_OP[opt] in op_types
+        # the step's dense updates: one group op (fusedopt.compat.v1 groups them)
+        assert "FusedOpt>ResourceGroupApply%s" % FUSED_OP[opt] in op_types
         if model == "embedding":
             # towers' IndexedSlices concatenated, duplicates summed by the kernel
             assert "FusedOpt>ResourceSparseApply%s" % FUSED_OP[opt] in op_types
             assert not {"Unique", "UnsortedSegmentSum"} & op_types
         # one update per variable and step, not one per tower
         applies = [op for op in graph.get_operations() if op.type.startswith("FusedOpt>")]
-        assert len(applies) == (4 if model == "embedding" else 2)
+        updated = sum(op.get_attr("N") if op.type.startswith("FusedOpt>ResourceGroupApply")
+                      else 1 for op in applies)
+        assert updated == (4 if model == "embedding" else 2)
 
 
 def test_towers_match_with_ref_variables_and_four_towers():
@@ -286,7 +289,8 @@ def test_collected_gradients_are_reset_between_model_fn_calls():
             assert not graph.get_collection(TowerOptimizer.COLLECTION_FOR_GRAPH_STATES)
             assert not TowerOptimizer.has_been_used()
         applies = [op for op in graph.get_operations() if op.type.startswith("FusedOpt>")]
-        assert len(applies) == 4  # w and b, once per replicated call
+        # w and b, once per replicated call: one group op of two variables per call
+        assert [op.get_attr("N") for op in applies] == [2, 2]
         with _session(2, graph) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
             for _ in range(2):  # only the first model's train op runs
