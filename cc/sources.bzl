@@ -10,6 +10,7 @@ CORE_HDRS = [
     "cc/core/executor.h",
     "cc/core/engine.h",
     "cc/core/huge_pages.h",
+    "cc/core/cpu_isa.h",
     "cc/core/coalesce.h",
     "cc/core/sum_order.h",
     "cc/core/validate.h",
@@ -45,7 +46,7 @@ TF_SRCS = [
     "cc/tf/adamax.cc",
     "cc/tf/adagrad.cc",
     "cc/tf/rms_prop.cc",
-    "cc/tf/huge_page_stats.cc",
+    "cc/tf/runtime_info.cc",
 ]
 
 # Layer 2, XLA: kernels for the resource ops inside jit_compile (HLO from the rules through

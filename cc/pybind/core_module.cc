@@ -235,6 +235,11 @@ PYBIND11_MODULE(_core, m) {
       "pages, failed collapses, bytes still queued for collapsing. The op library keeps its own "
       "counts (fusedopt.ops.huge_page_stats()).");
   m.def(
+      "cpu_isa", [] { return std::string(VectorIsaName(CpuVectorIsa())); },
+      "Vector instruction set of this module's element loops (cc/core/cpu_isa.h): \"avx2\" "
+      "where the CPU has it, else \"baseline\" (x86-64 SSE2; also with "
+      "FUSEDOPT_CPU_ISA=baseline). Results are bit-identical either way.");
+  m.def(
       "memory_bandwidth",
       [](const std::string& kernel, int64_t n, int num_threads, int repeats) {
         py::gil_scoped_release release;

@@ -53,6 +53,21 @@ def huge_pages_status():
             f"{mode}; {HUGE_PAGES_SETTING}=0 turns it off)")
 
 
+def cpu_vector_status():
+    """One line: the vector instruction set of the CPU kernels' element loops."""
+    try:
+        from fusedopt import _core
+
+        isa = _core.cpu_isa()
+    except Exception:  # noqa: BLE001 - _core's own line reports why it does not load
+        return "unknown (fusedopt._core does not load)"
+    if isa == "avx2":
+        return "avx2 (chosen at run time; FUSEDOPT_CPU_ISA=baseline for x86-64 SSE2)"
+    forced = os.environ.get("FUSEDOPT_CPU_ISA") == "baseline"
+    return "baseline (x86-64 SSE2%s)" % ("; FUSEDOPT_CPU_ISA=baseline" if forced else
+                                          ": the CPU has no AVX2")
+
+
 def _one_line(error):
     return " ".join(str(error).split())
 
@@ -118,6 +133,7 @@ def describe(errors=None):
         "cpu_kernels": "CPU" in all_devices,
         "cuda_kernels": "GPU" in all_devices,
         "huge_pages_for_tables": huge_pages_status(),
+        "cpu_vector_loops": cpu_vector_status(),
         "ops": ops or {},
     }
 

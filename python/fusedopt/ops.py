@@ -213,6 +213,18 @@ def huge_page_stats():
     return stats
 
 
+def cpu_isa():
+    """The vector instruction set of the op library's CPU element loops: ``"avx2"`` where
+    the CPU has it, else ``"baseline"`` (x86-64 SSE2; also with ``FUSEDOPT_CPU_ISA=baseline``).
+    Results are bit-identical either way (the same operations per element, no FMA)."""
+    import ctypes
+
+    load_library()
+    library = ctypes.CDLL(_loader.library_path())
+    library.fusedopt_cpu_isa.restype = ctypes.c_char_p
+    return library.fusedopt_cpu_isa().decode()
+
+
 # Loaded at import, not on first use: XLA lists its JIT kernels at the process's first XLA
 # compilation, and ops registered before that take the normal path (a library loaded later
 # registers its XLA kernels itself).
