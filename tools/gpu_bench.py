@@ -12,6 +12,9 @@ returning (a host sync per call); `no wait` = apply_sparse(wait=False), calls ba
 as a training loop runs them. Peer, where PyTorch is installed, side by side on the same
 device: torch.optim.SparseAdam (lazy Adam on sparse gradients: the same update) on the
 same table and ids, and torch.optim.Adam(fused=True) for the dense float32 LazyAdam case.
+Many small (the group op's case): LazyAdam float32 over 500 x [64, 64] + 500 x [64]
+variables, as one apply_dense_group call (multi-tensor launches) and as 1,000 apply_dense
+calls, with torch.optim.Adam(fused=True) and (foreach=True) on the same shapes.
 Time: CUDA events around `repeats` back-to-back calls, best of 3 (peers: the same, with
 torch's events on torch's stream). Writes gpu_bench.json and gpu_bench.md to --out
 (default: $OUT when set).
@@ -103,6 +106,40 @@ def torch_sparse_adam_ms(rows, width, ids, repeats):
     return ms
 
 
+def torch_many_small_ms(shapes, repeats, **adam_kind):
+    params = [torch.zeros(shape, device="cuda", requires_grad=True) for shape in shapes]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt = torch.optim.Adam(params, lr=1e-3, eps=1e-7, **adam_kind)
+    ms = timed_torch(opt.step, repeats)
+    del opt, params
+    torch.cuda.empty_cache()
+    return ms
+
+
+def many_small(repeats):
+    """One LazyAdam step over 1,000 small float32 variables: the group call, one call per
+    variable, and torch's multi-tensor Adam (fused, foreach) on the same shapes."""
+    shapes = [(64, 64)] * 500 + [(64,)] * 500
+    rule = "lazy_adam"
+    vars_ = [cp.zeros(shape, cp.float32) for shape in shapes]
+    slots = [[cp.zeros(shape, cp.float32) for shape in shapes] for _ in range(SLOTS[rule])]
+    grads = [cp.ones(shape, cp.float32) for shape in shapes]
+    hyper = HYPER[rule]
+    entry = {"variables": len(shapes), "parameters": int(sum(np.prod(s) for s in shapes))}
+    entry["group_ms"] = timed(lambda: core_cuda.apply_dense_group(rule, vars_, slots, grads,
+                                                                 hyper), repeats)
+
+    def per_variable():
+        for i, var in enumerate(vars_):
+            core_cuda.apply_dense(rule, var, [s[i] for s in slots], grads[i], hyper)
+    entry["per_variable_ms"] = timed(per_variable, repeats)
+    if torch is not None:
+        entry["torch_fused_ms"] = torch_many_small_ms(shapes, repeats, fused=True)
+        entry["torch_foreach_ms"] = torch_many_small_ms(shapes, repeats, foreach=True)
+    return entry
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT"))
@@ -168,6 +205,8 @@ def main():
         results["sparse"].append(entry)
         del grad, indices
 
+    results["many_small"] = many_small(args.repeats)
+
     lines = [f"# fusedopt CUDA kernels on {results['device']}", "",
              f"device-to-device copy: {copy_gbs:.0f} GB/s (read + write, {n} float32)", "",
              "| dense rule | dtype | ms/step | GB/s | of copy |", "|---|---|---|---|---|"]
@@ -188,6 +227,14 @@ def main():
                      f"({r['unique_rows']}, {r['hottest_row']}) | {r['wait_ms']:.3f} | "
                      f"{r['no_wait_ms']:.3f} | {r['no_wait_GBps']:.0f} | "
                      + (f"{peer:.3f} | {peer / r['no_wait_ms']:.1f}x |" if peer else "- | - |"))
+    r = results["many_small"]
+    lines += ["", f"many small: LazyAdam float32, {r['variables']} variables "
+              f"({r['parameters']} parameters), ms/step", "",
+              "| group call (multi-tensor) | one call per variable | torch fused | torch foreach |",
+              "|---|---|---|---|",
+              f"| {r['group_ms']:.3f} | {r['per_variable_ms']:.3f} | "
+              + " | ".join(f"{r[k]:.3f}" if k in r else "-"
+                           for k in ("torch_fused_ms", "torch_foreach_ms")) + " |"]
     text = "\n".join(lines)
     print(text)
     if args.out:

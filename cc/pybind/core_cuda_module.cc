@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -324,6 +325,125 @@ void ApplyDensePy(const std::string& rule, const py::handle& var, const py::list
   });
 }
 
+// The CUDA device owning ptr; ValueError when it is not device (or managed) memory.
+int DeviceOf(const void* ptr, const std::string& what) {
+  cudaPointerAttributes attributes{};
+  const cudaError_t err = cudaPointerGetAttributes(&attributes, ptr);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw py::value_error(what + " is not CUDA memory: " + cudaGetErrorString(err));
+  }
+  Require(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged,
+          what + " must be device (or managed) memory");
+  return attributes.device;
+}
+
+struct ByteSpan {
+  uintptr_t begin, end;
+  int64_t member;
+  int state;  // 0: var, k + 1: slot k, -1: grad
+};
+
+// Group calls: vars[i] with slots[k][i] and grads[i], one multi-tensor launch per
+// gpu::kMaxGroupTensorsPerLaunch members. Everything is checked before anything is enqueued:
+// each member as apply_dense checks it ("variable i of n: ..."), one dtype and one device
+// for all, and no written buffer (a var or slot) overlapping any other buffer of the group.
+void ApplyDenseGroupPy(const std::string& rule, const py::sequence& vars,
+                       const py::sequence& slots, const py::sequence& grads,
+                       const py::dict& hyper, const py::dict& options, uintptr_t stream,
+                       const std::string& dtype) {
+  const int64_t n = static_cast<int64_t>(vars.size());
+  Require(static_cast<int64_t>(grads.size()) == n,
+          "vars and grads must have one entry per variable, got " + std::to_string(n) + " and " +
+              std::to_string(grads.size()));
+  if (n == 0) return;
+  Dispatch(rule, PeekDtype(vars[0], dtype), [&]<typename Rule, typename T>() {
+    constexpr int kSlots = NumSlots<Rule>();
+    Require(static_cast<int>(slots.size()) == kSlots,
+            std::string(Rule::kPyName) + " needs " + std::to_string(kSlots) +
+                " slot lists (one per slot, each with an entry per variable)");
+    std::vector<py::sequence> slot_lists;
+    for (int k = 0; k < kSlots; ++k) {
+      slot_lists.push_back(slots[k].cast<py::sequence>());
+      Require(static_cast<int64_t>(slot_lists[k].size()) == n,
+              std::string(Rule::kSlots[k]) + " has " + std::to_string(slot_lists[k].size()) +
+                  " entries for " + std::to_string(n) + " variables");
+    }
+    std::vector<State> states;
+    states.reserve(n);
+    for (int64_t i = 0; i < n; ++i) {
+      py::list member_slots;
+      for (int k = 0; k < kSlots; ++k) member_slots.append(slot_lists[k][i]);
+      try {
+        states.push_back(CheckState<Rule>(vars[i], member_slots, grads[i], {}, false, dtype));
+        Require(states.back().dtype == states.front().dtype,
+                "dtype " + states.back().dtype + " differs from variable 0's " +
+                    states.front().dtype + " (one group, one dtype)");
+      } catch (const py::value_error& e) {
+        throw py::value_error("variable " + std::to_string(i) + " of " + std::to_string(n) +
+                              ": " + e.what());
+      }
+    }
+    const auto params = ParamsFromDicts<Rule, T>(hyper, options);
+    std::vector<ByteSpan> spans;
+    const void* first = nullptr;
+    for (int64_t i = 0; i < n; ++i) {
+      if (states[i].var.size == 0) continue;
+      const uintptr_t bytes = static_cast<uintptr_t>(states[i].var.size) * sizeof(T);
+      auto add = [&](const void* data, int state) {
+        spans.push_back({reinterpret_cast<uintptr_t>(data),
+                         reinterpret_cast<uintptr_t>(data) + bytes, i, state});
+      };
+      add(states[i].var.data, 0);
+      for (int k = 0; k < kSlots; ++k) add(states[i].slots[k].data, k + 1);
+      add(states[i].grad.data, -1);
+      if (first == nullptr) first = states[i].var.data;
+    }
+    if (first == nullptr) return;  // every member is empty
+    auto name = [&](const ByteSpan& x) {
+      return std::string(x.state == 0 ? "var" : x.state < 0 ? "grad" : Rule::kSlots[x.state - 1]) +
+             "[" + std::to_string(x.member) + "]";
+    };
+    std::sort(spans.begin(), spans.end(),
+              [](const ByteSpan& a, const ByteSpan& b) { return a.begin < b.begin; });
+    // Sorted by start, a span overlaps an earlier one iff it starts before the furthest end
+    // seen so far; two grads may share memory (both only read).
+    const ByteSpan* furthest_written = nullptr;
+    const ByteSpan* furthest_any = nullptr;
+    for (const ByteSpan& x : spans) {
+      const ByteSpan* other = x.state < 0 ? furthest_written : furthest_any;
+      if (other != nullptr && x.begin < other->end) {
+        throw py::value_error(name(*other) + " and " + name(x) +
+                              " overlap in memory; every var and slot needs its own array");
+      }
+      if (x.state >= 0 && (furthest_written == nullptr || x.end > furthest_written->end)) {
+        furthest_written = &x;
+      }
+      if (furthest_any == nullptr || x.end > furthest_any->end) furthest_any = &x;
+    }
+    DeviceScope scope(first);
+    const int device = DeviceOf(first, "var");
+    for (const ByteSpan& x : spans) {
+      Require(DeviceOf(reinterpret_cast<const void*>(x.begin), name(x)) == device,
+              name(x) + " is on another device than the group's first var");
+    }
+    std::vector<DenseTensor<Rule, T>> tensors(n);
+    for (int64_t i = 0; i < n; ++i) {
+      tensors[i].var = static_cast<T*>(states[i].var.data);
+      for (int k = 0; k < kSlots; ++k) tensors[i].slots[k] = static_cast<T*>(states[i].slots[k].data);
+      tensors[i].grad = static_cast<const T*>(states[i].grad.data);
+      tensors[i].n = states[i].var.size;
+    }
+    gpu::Status status;
+    {
+      py::gil_scoped_release release;
+      status = gpu::ApplyDenseGroup<Rule, T>(params, tensors.data(), n,
+                                             reinterpret_cast<gpu::Stream>(stream));
+    }
+    Check(status);
+  });
+}
+
 std::unique_ptr<PendingCheck> ApplySparsePy(const std::string& rule, const py::handle& var,
                                             const py::list& slots, const py::handle& grad,
                                             const py::handle& indices_obj, const py::dict& hyper,
@@ -418,6 +538,12 @@ PYBIND11_MODULE(_core_cuda, m) {
         py::arg("grad"), py::arg("hyper"), py::arg("options") = py::dict(),
         py::arg("stream") = 0, py::arg("dtype") = "",
         "Dense update of var and slots in place, enqueued on `stream`.");
+  m.def("apply_dense_group", &ApplyDenseGroupPy, py::arg("rule"), py::arg("vars"),
+        py::arg("slots"), py::arg("grads"), py::arg("hyper"), py::arg("options") = py::dict(),
+        py::arg("stream") = 0, py::arg("dtype") = "",
+        "Dense updates of many variables in place with the same hyper-parameters, enqueued on "
+        "`stream` as multi-tensor launches (the group op's engine). slots: one list per slot, "
+        "each with an entry per variable. Each variable's result equals apply_dense's.");
   py::class_<PendingCheck>(m, "PendingCheck",
                            "A sparse update enqueued with wait=False: its index check's verdict.")
       .def("done", &PendingCheck::Done, "True once the stream has run the whole call (no wait).")

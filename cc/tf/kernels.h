@@ -383,7 +383,7 @@ class FusedSparseApplyGpuOp : public ::tensorflow::AsyncOpKernel {
 #endif
 
 // FusedOpt>ResourceGroupApply<Rule>: N resource variables, one dense update, one pass
-// (ApplyDenseGroup; on the GPU one launch per variable on the op's stream). Everything
+// (ApplyDenseGroup; on the GPU a multi-tensor launch per 64 variables on the op's stream). Everything
 // that can reject the call (lookups, dtypes, a variable passed twice anywhere in the
 // group, shapes) is checked for the whole group before the first write.
 template <typename Device, typename T, typename Rule>
@@ -503,11 +503,8 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
     }
 #ifdef FUSEDOPT_CUDA
     if constexpr (kGpu) {
-      const gpu::Stream stream = GpuStreamOf(ctx);
-      for (const auto& x : tensors) {
-        OP_REQUIRES_OK(ctx, ToAbsl(gpu::ApplyDense<Rule, Storage>(params, x.var, x.slots.data(),
-                                                                  x.grad, x.n, stream)));
-      }
+      OP_REQUIRES_OK(ctx, ToAbsl(gpu::ApplyDenseGroup<Rule, Storage>(params, tensors.data(), n_,
+                                                                     GpuStreamOf(ctx))));
     } else  // NOLINT: the CPU engine is not instantiated for the GPU tag
 #endif
     {

@@ -151,7 +151,7 @@ def test_deterministic_run_to_run(dtype):
     check_same(rule, dtype, a, b)
 
 
-STREAM_CALLS = ["dense", "sparse", "sparse_wait_false"]
+STREAM_CALLS = ["dense", "group", "sparse", "sparse_wait_false"]
 RELEASE_DELAY_S = 0.3
 
 
@@ -166,7 +166,7 @@ def check_update_runs_on_the_stream_given(backend, call):
     rule, dtype = "adagrad", "float32"
     rng = np.random.default_rng(9)
     indices = rng.integers(0, 100, 300).astype(np.int32)
-    sparse = call != "dense"
+    sparse = call not in ("dense", "group")
     var, slots, grad = make_state(rule, dtype, (100, 8), rng, grad_rows=300 if sparse else None)
     want = run_cpu(rule, var, slots, grad, HYPER[rule], {}, indices if sparse else None)
     dvar, dslots, dgrad, dindices = (to_device(var), [to_device(s) for s in slots],
@@ -187,6 +187,9 @@ def check_update_runs_on_the_stream_given(backend, call):
             if call == "dense":
                 pending = backend.apply_dense(rule, dvar, dslots, dgrad, HYPER[rule],
                                               stream=stream.ptr)
+            elif call == "group":
+                pending = backend.apply_dense_group(rule, [dvar], [[s] for s in dslots],
+                                                    [dgrad], HYPER[rule], stream=stream.ptr)
             else:
                 pending = backend.apply_sparse(rule, dvar, dslots, dgrad, dindices, HYPER[rule],
                                                stream=stream.ptr, wait=False)

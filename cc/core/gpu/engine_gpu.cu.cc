@@ -23,6 +23,36 @@ struct alignas(sizeof(T) * kVec) Pack {
   T v[kVec];
 };
 
+// Pack i (elements i*kVec .. i*kVec+kVec-1) of var, slots and grad: loaded as one aligned
+// vector each (16 bytes when kVec > 1), updated element by element, stored back.
+template <typename Rule, typename T, int kVec>
+__device__ __forceinline__ void UpdatePack(const ParamsFor<Rule, T>& p, T* __restrict__ var,
+                                           const SlotPointers<T, NumSlots<Rule>()>& slots,
+                                           const T* __restrict__ grad, int64_t i) {
+  using C = ComputeType<T>;
+  using P = Pack<T, kVec>;
+  constexpr int kSlots = NumSlots<Rule>();
+  P pv = reinterpret_cast<const P*>(var)[i];
+  const P pg = reinterpret_cast<const P*>(grad)[i];
+  P ps[kSlots];
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k) ps[k] = reinterpret_cast<const P*>(slots.p[k])[i];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    C v = Load(pv.v[j]);
+    C s[kSlots];
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) s[k] = Load(ps[k].v[j]);
+    Rule::Update(p, v, s, Load(pg.v[j]));
+    Store(pv.v[j], v);
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) Store(ps[k].v[j], s[k]);
+  }
+  reinterpret_cast<P*>(var)[i] = pv;
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k) reinterpret_cast<P*>(slots.p[k])[i] = ps[k];
+}
+
 // One fused pass over n elements; with kVec > 1 every pointer is 16-byte aligned and the
 // first n / kVec packs go vectorised, the remainder element by element.
 template <typename Rule, typename T, int kVec>
@@ -30,43 +60,69 @@ __global__ void __launch_bounds__(kThreads)
     DenseKernel(const ParamsFor<Rule, T> p, T* __restrict__ var,
                 const SlotPointers<T, NumSlots<Rule>()> slots, const T* __restrict__ grad,
                 int64_t n) {
-  using C = ComputeType<T>;
-  using P = Pack<T, kVec>;
-  constexpr int kSlots = NumSlots<Rule>();
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t packs = n / kVec;
   for (int64_t i = first; i < packs; i += stride) {
-    P pv = reinterpret_cast<const P*>(var)[i];
-    const P pg = reinterpret_cast<const P*>(grad)[i];
-    P ps[kSlots];
-#pragma unroll
-    for (int k = 0; k < kSlots; ++k) ps[k] = reinterpret_cast<const P*>(slots.p[k])[i];
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      C v = Load(pv.v[j]);
-      C s[kSlots];
-#pragma unroll
-      for (int k = 0; k < kSlots; ++k) s[k] = Load(ps[k].v[j]);
-      Rule::Update(p, v, s, Load(pg.v[j]));
-      Store(pv.v[j], v);
-#pragma unroll
-      for (int k = 0; k < kSlots; ++k) Store(ps[k].v[j], s[k]);
-    }
-    reinterpret_cast<P*>(var)[i] = pv;
-#pragma unroll
-    for (int k = 0; k < kSlots; ++k) reinterpret_cast<P*>(slots.p[k])[i] = ps[k];
+    UpdatePack<Rule, T, kVec>(p, var, slots, grad, i);
   }
   if (kVec > 1) {
     for (int64_t i = packs * kVec + first; i < n; i += stride) {
-      C v = Load(var[i]);
-      C s[kSlots];
+      UpdatePack<Rule, T, 1>(p, var, slots, grad, i);
+    }
+  }
+}
+
+// The tensors of one group launch, passed by value as the kernel's parameter (about 3 KB
+// for two slots: within the 4 KB every CUDA driver takes). Tensor t's chunks of
+// kGroupChunk elements are numbered chunk_start[t] .. chunk_start[t + 1].
+constexpr int64_t kGroupChunk = 4096;  // 16 packs of 16 bytes per thread for float
+
+template <typename T, int kSlots>
+struct GroupLaunch {
+  int count = 0;
+  uint64_t aligned = 0;  // bit t: tensor t's var, slots and grad are all 16-byte aligned
+  int64_t chunk_start[kMaxGroupTensorsPerLaunch + 1];
+  int64_t n[kMaxGroupTensorsPerLaunch];
+  T* var[kMaxGroupTensorsPerLaunch];
+  T* slots[kSlots > 0 ? kSlots : 1][kMaxGroupTensorsPerLaunch];
+  const T* grad[kMaxGroupTensorsPerLaunch];
+};
+static_assert(kMaxGroupTensorsPerLaunch <= 64, "GroupLaunch::aligned has 64 bits");
+// Kernel parameters beyond 4 KB need CUDA 12.1 and a Volta or newer GPU: stay below.
+static_assert(sizeof(GroupLaunch<double, 2>) + 256 <= 4096, "group launch parameters");
+
+// Multi-tensor apply: the blocks take the launch's chunks in turn (grid-stride over the
+// chunk numbers); a chunk lies in one tensor, whose 16-byte-aligned ones go vectorised.
+template <typename Rule, typename T>
+__global__ void __launch_bounds__(kThreads)
+    DenseGroupKernel(const ParamsFor<Rule, T> p, const GroupLaunch<T, NumSlots<Rule>()> launch) {
+  constexpr int kSlots = NumSlots<Rule>();
+  constexpr int kVec = 16 / sizeof(T);
+  static_assert(kGroupChunk % kVec == 0, "chunks start on pack boundaries");
+  const int64_t num_chunks = launch.chunk_start[launch.count];
+  for (int64_t c = blockIdx.x; c < num_chunks; c += gridDim.x) {
+    int lo = 0, hi = launch.count;  // the tensor t with chunk_start[t] <= c < chunk_start[t+1]
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (launch.chunk_start[mid] <= c) lo = mid; else hi = mid;
+    }
+    const int t = lo;
+    SlotPointers<T, kSlots> slots;
 #pragma unroll
-      for (int k = 0; k < kSlots; ++k) s[k] = Load(slots.p[k][i]);
-      Rule::Update(p, v, s, Load(grad[i]));
-      Store(var[i], v);
-#pragma unroll
-      for (int k = 0; k < kSlots; ++k) Store(slots.p[k][i], s[k]);
+    for (int k = 0; k < kSlots; ++k) slots.p[k] = launch.slots[k][t];
+    const int64_t begin = (c - launch.chunk_start[t]) * kGroupChunk;
+    const int64_t end = min(launch.n[t], begin + kGroupChunk);
+    int64_t scalar_from = begin;
+    if (kVec > 1 && ((launch.aligned >> t) & 1u)) {
+      const int64_t packs_end = end / kVec;
+      for (int64_t i = begin / kVec + threadIdx.x; i < packs_end; i += blockDim.x) {
+        UpdatePack<Rule, T, kVec>(p, launch.var[t], slots, launch.grad[t], i);
+      }
+      scalar_from = packs_end * kVec;
+    }
+    for (int64_t i = scalar_from + threadIdx.x; i < end; i += blockDim.x) {
+      UpdatePack<Rule, T, 1>(p, launch.var[t], slots, launch.grad[t], i);
     }
   }
 }
@@ -218,6 +274,45 @@ Status ApplyDense(const ParamsFor<Rule, T>& p, T* var, T* const* slots, const T*
   return LaunchStatus("dense update");
 }
 
+template <typename Rule, typename T>
+Status ApplyDenseGroup(const ParamsFor<Rule, T>& p, const DenseTensor<Rule, T>* tensors,
+                       int64_t count, Stream stream) {
+  using namespace detail;
+  constexpr int kSlots = NumSlots<Rule>();
+  GroupLaunch<T, kSlots> launch;
+  auto flush = [&]() -> Status {
+    const int64_t chunks = launch.chunk_start[launch.count];
+    if (chunks > 0) {
+      DenseGroupKernel<Rule, T><<<GridFor(chunks, 1), kThreads, 0, stream>>>(p, launch);
+      Status s = LaunchStatus("group dense update");
+      if (!s.ok()) return s;
+    }
+    launch.count = 0;
+    launch.aligned = 0;
+    return Status::Ok();
+  };
+  launch.chunk_start[0] = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const DenseTensor<Rule, T>& x = tensors[i];
+    if (x.n <= 0) continue;
+    const int t = launch.count;
+    bool aligned = Aligned16(x.var) && Aligned16(x.grad);
+    for (int k = 0; k < kSlots; ++k) aligned = aligned && Aligned16(x.slots[k]);
+    launch.var[t] = x.var;
+    for (int k = 0; k < kSlots; ++k) launch.slots[k][t] = x.slots[k];
+    launch.grad[t] = x.grad;
+    launch.n[t] = x.n;
+    if (aligned) launch.aligned |= uint64_t{1} << t;
+    launch.chunk_start[t + 1] = launch.chunk_start[t] + (x.n + kGroupChunk - 1) / kGroupChunk;
+    launch.count = t + 1;
+    if (launch.count == kMaxGroupTensorsPerLaunch) {
+      Status s = flush();
+      if (!s.ok()) return s;
+    }
+  }
+  return flush();
+}
+
 template <typename Rule, typename T, typename Index>
 Status ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, int64_t num_rows,
                    int64_t row_size, const T* grad, const Index* indices, int64_t n,
@@ -270,6 +365,7 @@ template <typename Rule, typename T>
 void UseRuleAndType() {
   static void* volatile sink;
   sink = reinterpret_cast<void*>(&ApplyDense<Rule, T>);
+  sink = reinterpret_cast<void*>(&ApplyDenseGroup<Rule, T>);
   sink = reinterpret_cast<void*>(&ApplySparse<Rule, T, int32_t>);
   sink = reinterpret_cast<void*>(&ApplySparse<Rule, T, int64_t>);
 }

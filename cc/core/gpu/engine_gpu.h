@@ -74,6 +74,17 @@ template <typename Rule, typename T>
 Status ApplyDense(const ParamsFor<Rule, T>& p, T* var, T* const* slots, const T* grad, int64_t n,
                   Stream stream);
 
+// Dense updates of `count` tensors with the same params (the group op): one launch per
+// kMaxGroupTensorsPerLaunch tensors, the tensors' elements cut into chunks that every block
+// of the grid takes in turn (a multi-tensor apply), so 1,000 small variables cost 16
+// launches, not 1,000. Each element sees exactly ApplyDense's math (the same bits).
+// `tensors` is host memory, read before the call returns (the launches carry copies).
+constexpr int kMaxGroupTensorsPerLaunch = 64;
+
+template <typename Rule, typename T>
+Status ApplyDenseGroup(const ParamsFor<Rule, T>& p, const DenseTensor<Rule, T>* tensors,
+                       int64_t count, Stream stream);
+
 // var and slots are [num_rows, row_size] on the device; grad [n, row_size]; indices [n],
 // n <= kMaxSparseIndices. Enqueues the index check, coalescing and updates and a copy of
 // the check's verdict into *check (host memory that must stay valid until the stream has

@@ -227,3 +227,67 @@ def apply_sparse(rule, var, slots, grad, indices, hyper, options={}, stream=0,  
 
     pending._work = _device.launch(int(stream), check_and_update)
     return pending.result() if wait else pending
+
+
+def apply_dense_group(rule, vars, slots, grads, hyper, options={}, stream=0,  # noqa: B006
+                      dtype=""):
+    """Dense updates of many variables in place (the group op's engine), enqueued on
+    `stream`; slots: one list per slot, each with an entry per variable."""
+    if not all(isinstance(x, (list, tuple)) for x in (vars, slots, grads)):
+        raise TypeError("incompatible function arguments (stand-in _core_cuda)")
+    _check_types(rule, list(slots), hyper, options, stream, dtype)
+    n = len(vars)
+    _require(len(grads) == n, f"vars and grads must have one entry per variable, got {n} and "
+             f"{len(grads)}")
+    if n == 0:
+        return
+    num_slots = _dispatch(rule, _dtype_name(_Interface(vars[0], "var"), dtype))
+    _require(len(slots) == num_slots, f"{rule} needs {num_slots} slot lists (one per slot, "
+             "each with an entry per variable)")
+    slot_names = _core.rules()[rule]["slots"]
+    for name, entries in zip(slot_names, slots):
+        _require(len(entries) == n, f"{name} has {len(entries)} entries for {n} variables")
+    members = []
+    for i in range(n):
+        try:
+            v, s, g, dtype_name = _check_state(rule, vars[i], [x[i] for x in slots], grads[i],
+                                               dtype)
+            _core.apply_dense(rule, v.blank(dtype_name), [x.blank(dtype_name) for x in s],
+                              g.blank(dtype_name), hyper, options)
+            if members:
+                _require(dtype_name == members[0][3], f"dtype {dtype_name} differs from "
+                         f"variable 0's {members[0][3]} (one group, one dtype)")
+        except ValueError as e:
+            raise ValueError(f"variable {i} of {n}: {e}") from None
+        members.append((v, s, g, dtype_name))
+    spans = []  # (begin, end, name, written)
+    for i, (v, s, g, _) in enumerate(members):
+        if v.size == 0:
+            continue
+        nbytes = v.size * _item_size(v.typestr)
+        spans += [(v.ptr, v.ptr + nbytes, f"var[{i}]", True)]
+        spans += [(x.ptr, x.ptr + nbytes, f"{name}[{i}]", True) for name, x in zip(slot_names, s)]
+        spans += [(g.ptr, g.ptr + nbytes, f"grad[{i}]", False)]
+    if not spans:
+        return
+    spans.sort(key=lambda x: x[0])
+    furthest_written = furthest_any = None
+    for x in spans:
+        other = furthest_any if x[3] else furthest_written
+        if other is not None and x[0] < other[1]:
+            raise ValueError(f"{other[2]} and {x[2]} overlap in memory; every var and slot needs "
+                             "its own array")
+        if x[3] and (furthest_written is None or x[1] > furthest_written[1]):
+            furthest_written = x
+        if furthest_any is None or x[1] > furthest_any[1]:
+            furthest_any = x
+    for v, _, _, _ in members:
+        if v.size:
+            _check_device_of(v)
+    arrays = [(v.memory(d), [x.memory(d) for x in s], g.memory(d))
+              for v, s, g, d in members if v.size]
+
+    def update_all():
+        for a in arrays:
+            _core.apply_dense(rule, *a, hyper, options)
+    _device.launch(int(stream), update_all)
