@@ -333,6 +333,35 @@ def test_keras_dense_step_is_grouped_and_identical(name, kwargs, grouped, jit, m
     assert [x.tobytes() for x in got] == [x.tobytes() for x in expected]
 
 
+@pytest.mark.skipif(not KERAS3, reason="Keras 3's gradient all-reduce (TF >= 2.16)")
+def test_keras3_step_outside_a_strategy_adds_no_all_reduce_ops():
+    """Outside tf.distribute, Keras 3's gradient all-reduce is one replica's Identity per
+    gradient; fusedopt's classes pass the gradients on as they are. Under a strategy the
+    all-reduce stays."""
+    import fusedopt.keras
+
+    def step_op_types(strategy=None):
+        strategy_given = strategy is not None
+        strategy = strategy or tf.distribute.get_strategy()
+        with strategy.scope():
+            variables = _model_variables(1)
+            opt = fusedopt.keras.LazyAdam(0.01)
+        grads = _grads(variables, 0)
+        def update():
+            opt.apply_gradients(zip(grads, variables))
+
+        @tf.function
+        def step():  # returns nothing: no output Identity ops
+            strategy.run(update) if strategy_given else update()
+        step()
+        return [op.type for op in step.get_concrete_function().graph.get_operations()]
+    plain = step_op_types()
+    assert "Identity" not in plain and "IdentityN" not in plain, sorted(set(plain))
+    assert plain.count("FusedOpt>ResourceGroupApplyLazyAdam") == 1
+    mirrored = step_op_types(tf.distribute.MirroredStrategy(["/cpu:0"]))
+    assert mirrored.count("Identity") >= 12, sorted(set(mirrored))  # one per gradient
+
+
 def test_keras_groups_by_dtype_and_keeps_sparse_lazy(monkeypatch):
     import fusedopt.keras
     calls = _count_group_calls(monkeypatch)

@@ -383,9 +383,9 @@ class FusedSparseApplyGpuOp : public ::tensorflow::AsyncOpKernel {
 #endif
 
 // FusedOpt>ResourceGroupApply<Rule>: N resource variables, one dense update, one pass
-// (ApplyDenseGroup; on the GPU a multi-tensor launch per 64 variables on the op's stream). Everything
-// that can reject the call (lookups, dtypes, a variable passed twice anywhere in the
-// group, shapes) is checked for the whole group before the first write.
+// (ApplyDenseGroup; on the GPU multi-tensor launches, 64 variables each, on the op's
+// stream). Everything that can reject the call (lookups, dtypes, a variable passed twice
+// anywhere in the group, shapes) is checked for the whole group before the first write.
 template <typename Device, typename T, typename Rule>
 class FusedGroupApplyOp : public ::tensorflow::OpKernel {
   static constexpr int kSlots = NumSlots<Rule>();

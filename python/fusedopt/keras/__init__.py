@@ -79,6 +79,15 @@ class _FusedUpdate:
         return self._fused(self._fused_rule, variable, slots, gradient,
                            self._hyper(variable, learning_rate), self._fused_spec.options)
 
+    # Keras 3 (TF backend) all-reduces the gradients before the update. Outside a
+    # tf.distribute strategy that is the default replica context's sum over one replica: an
+    # Identity op per gradient (1,000 ops a step for 1,000 variables, each run every step),
+    # so the gradients go on as they are: the same values. Under a strategy, Keras's own.
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        if tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+            return super()._all_reduce_sum_gradients(grads_and_vars)
+        return list(grads_and_vars)
+
     # Keras 3 (TF backend) calls update_step once per variable from here. Dense gradients
     # instead go to one group op per dtype and device, the per-step scalars computed once;
     # sparse gradients (and everything under a tf.distribute strategy, whose update() runs
