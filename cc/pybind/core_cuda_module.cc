@@ -101,23 +101,28 @@ std::string DtypeName(const DeviceArray& a, const std::string& dtype) {
 }
 
 // Runs the calls on the device owning var, restoring the caller's device afterwards.
+// The CUDA device owning ptr; ValueError when it is not device (or managed) memory. The
+// pointer is asked first: without a usable driver no memory is CUDA memory, and that is the
+// caller's ValueError, not a CUDA failure.
+int DeviceOf(const void* ptr, const std::string& what) {
+  cudaPointerAttributes attributes{};
+  const cudaError_t err = cudaPointerGetAttributes(&attributes, ptr);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw py::value_error(what + " is not CUDA memory: " + cudaGetErrorString(err));
+  }
+  Require(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged,
+          what + " must be device (or managed) memory");
+  return attributes.device;
+}
+
 class DeviceScope {
  public:
-  explicit DeviceScope(const void* ptr) {
-    // The pointer first: without a usable driver no memory is CUDA memory, and that is
-    // the caller's ValueError, not a CUDA failure.
-    cudaPointerAttributes attributes{};
-    cudaError_t err = cudaPointerGetAttributes(&attributes, ptr);
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      throw py::value_error(std::string("var is not CUDA memory: ") + cudaGetErrorString(err));
-    }
-    Require(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged,
-            "var must be device (or managed) memory");
-    err = cudaGetDevice(&previous_);
+  explicit DeviceScope(const void* ptr) : device_(DeviceOf(ptr, "var")) {
+    cudaError_t err = cudaGetDevice(&previous_);
     if (err != cudaSuccess) ThrowCuda(err, "cudaGetDevice");
-    if (attributes.device != previous_) {
-      err = cudaSetDevice(attributes.device);
+    if (device_ != previous_) {
+      err = cudaSetDevice(device_);
       if (err != cudaSuccess) ThrowCuda(err, "cudaSetDevice");
       switched_ = true;
     }
@@ -128,7 +133,10 @@ class DeviceScope {
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;
 
+  int device() const { return device_; }
+
  private:
+  int device_;
   int previous_ = 0;
   bool switched_ = false;
 };
@@ -325,19 +333,6 @@ void ApplyDensePy(const std::string& rule, const py::handle& var, const py::list
   });
 }
 
-// The CUDA device owning ptr; ValueError when it is not device (or managed) memory.
-int DeviceOf(const void* ptr, const std::string& what) {
-  cudaPointerAttributes attributes{};
-  const cudaError_t err = cudaPointerGetAttributes(&attributes, ptr);
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    throw py::value_error(what + " is not CUDA memory: " + cudaGetErrorString(err));
-  }
-  Require(attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged,
-          what + " must be device (or managed) memory");
-  return attributes.device;
-}
-
 struct ByteSpan {
   uintptr_t begin, end;
   int64_t member;
@@ -422,9 +417,8 @@ void ApplyDenseGroupPy(const std::string& rule, const py::sequence& vars,
       if (furthest_any == nullptr || x.end > furthest_any->end) furthest_any = &x;
     }
     DeviceScope scope(first);
-    const int device = DeviceOf(first, "var");
     for (const ByteSpan& x : spans) {
-      Require(DeviceOf(reinterpret_cast<const void*>(x.begin), name(x)) == device,
+      Require(DeviceOf(reinterpret_cast<const void*>(x.begin), name(x)) == scope.device(),
               name(x) + " is on another device than the group's first var");
     }
     std::vector<DenseTensor<Rule, T>> tensors(n);
