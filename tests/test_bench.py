@@ -102,3 +102,20 @@ def test_memory_bandwidth_probe_validates_and_measures():
         _core.memory_bandwidth("scale", 4096)
     with pytest.raises(ValueError, match=r"16 \* num_threads <= n"):
         _core.memory_bandwidth("copy", 8, 1, 1)
+
+
+def test_isa_ab_tool_runs_both_loops(tmp_path):
+    """tools/isa_ab.py (BENCHMARKS.md's AVX2 A/B) in its quick form: each process reports the
+    loop it ran, and every step has a time for both."""
+    out = tmp_path / "ab.json"
+    tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
+                        "isa_ab.py")
+    proc = subprocess.run([sys.executable, tool, "--quick", "--rounds", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert [r["isa"] for r in result["runs"]["baseline"]] == ["baseline"]
+    assert result["runs"]["default"][0]["isa"] in ("avx2", "baseline")
+    assert set(result["summary"]) == {"dense_4096", "many_small_group"}
+    for row in result["summary"].values():
+        assert row["default_ms"] > 0 and row["baseline_ms"] > 0

@@ -1,12 +1,12 @@
 """A/B of the CPU element loop's two compilations (cc/core/cpu_isa.h) through the TF op.
 
-    python tools/isa_ab.py [--rounds 3] [--out FILE.json]
+    python tools/isa_ab.py [--rounds 3] [--out FILE.json] [--quick]
 
 Runs the same measurement in fresh processes with FUSEDOPT_CPU_ISA unset (AVX2 where the CPU
 has it) and =baseline (x86-64 SSE2), alternating, `rounds` times each: the dense LazyAdam op
 at several sizes (float32, tf.function, two alternating gradients) and the group op over
 500 x [64,64] + 500 x [64] variables (the benchmark's many-small step). Prints the median
-milliseconds per step of each ISA and their ratio.
+milliseconds per step of each ISA and their ratio. --quick: tiny sizes (a smoke run).
 """
 import argparse
 import json
@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 SIZES = [1 << 16, 1 << 20, 1 << 22, 1 << 24]
+SMALL_PAIRS = 500  # the many-small step: SMALL_PAIRS x [64, 64] + SMALL_PAIRS x [64]
 
 CHILD = r"""
 import json, sys, time
@@ -36,7 +37,7 @@ for n in SIZES:
     grads = [tf.constant(rng.normal(0, 1, n).astype(np.float32)) for _ in range(2)]
     f = tf.function(lambda g: ops.resource_apply_lazy_adam(var, m, v, grad=g, **hyper) and None)
     out["dense_%d" % n] = median_ms(lambda i: f(grads[i % 2]), 200 if n <= 1 << 20 else 30)
-shapes = [(64, 64)] * 500 + [(64,)] * 500
+shapes = [(64, 64)] * SMALL_PAIRS + [(64,)] * SMALL_PAIRS
 vs = [tf.Variable(rng.normal(0, 0.05, s).astype(np.float32)) for s in shapes]
 ms = [tf.Variable(tf.zeros(s)) for s in shapes]
 ss = [tf.Variable(tf.zeros(s)) for s in shapes]
@@ -45,15 +46,16 @@ group = tf.function(lambda: ops.resource_group_apply_lazy_adam(vs, ms, ss, grad=
                     and None)
 out["many_small_group"] = median_ms(lambda i: group(), 60)
 print("RESULT", json.dumps(out))
-""".replace("SIZES", repr(SIZES))
+"""
 
 
-def run(isa):
+def run(isa, sizes, small_pairs):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     env.pop("FUSEDOPT_CPU_ISA", None)
     if isa == "baseline":
         env["FUSEDOPT_CPU_ISA"] = "baseline"
-    proc = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
+    child = CHILD.replace("SMALL_PAIRS", repr(small_pairs)).replace("SIZES", repr(sizes))
+    proc = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True,
                           text=True, check=True)
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])
@@ -63,11 +65,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out")
+    parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
+    sizes, small_pairs = ([1 << 12], 4) if args.quick else (SIZES, SMALL_PAIRS)
     runs = {"default": [], "baseline": []}
     for _ in range(args.rounds):
         for isa in runs:
-            runs[isa].append(run(isa))
+            runs[isa].append(run(isa, sizes, small_pairs))
     keys = [k for k in runs["default"][0] if k != "isa"]
     import statistics
     summary = {}
