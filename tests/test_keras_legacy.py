@@ -253,6 +253,23 @@ else:
         for a, b in zip(*weights):
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
+    @pytest.mark.parametrize("rule", sorted(PAIRS))
+    def test_fit_steps_per_execution_matches_one_step_per_call(rule):
+        """Four train steps per tf.function call (a loop in the function, dense and sparse
+        updates in its body) give what one step per call gives: weights and slots."""
+        x, y = _data()
+        runs = []
+        for steps in (4, 1):
+            model = _model()
+            opt = make(rule, 0, 0.05)
+            model.compile(optimizer=opt, loss="mse", steps_per_execution=steps)
+            model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+            assert int(opt.iterations.numpy()) == 2 * len(x) // 8
+            runs.append(model.get_weights() + [v.numpy() for v in opt.variables()])
+        assert len(runs[0]) == len(runs[1])
+        for a, b in zip(*runs):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
     def test_fit_dense_matches_keras_adam():
         rng = np.random.default_rng(1)
         x = rng.normal(size=(64, 5)).astype(np.float32)
