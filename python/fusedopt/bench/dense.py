@@ -167,38 +167,58 @@ def scenario_many_small(tf, cfg, progress):
     group_op = getattr(ops, f"resource_group_apply_{MANY_SMALL_RULE}")
     tf_kernel = getattr(tf.raw_ops, rule.tf_dense_kernel)
 
+    loop_steps = cfg["small_loop_steps"]
+
+    # A contender's step body takes the op's hyper-parameters: one step per call repeats
+    # step 1's (as every step of this scenario), a loop of steps takes each step's own
+    # (the Keras classes count their iterations).
+    def one_step(body, hyper=hyper):
+        return quiet_function(tf, lambda: body(hyper))
+
+    def looped(body, hyper=None):
+        @tf.function
+        def steps():
+            for i in tf.range(loop_steps):
+                body(rule.hyper(tf.cast(i + 1, tf.float32)))
+        return steps
+
     def variables_and_slots():
         variables = [tf.Variable(x) for x in inits]
         slots = [[tf.Variable(tf.fill(x.shape, rule.slot_init)) for _ in rule.slots]
                  for x in inits]
         return variables, slots
 
-    def one_op_per_variable(apply):
+    # Each contender's step body, wrapped by `wrap` in a tf.function: one step per call, or
+    # `loop_steps` steps per call in a loop (Keras's steps_per_execution).
+    def one_op_per_variable(apply, wrap, hyper=hyper):
         variables, slots = variables_and_slots()
 
-        @tf.function
-        def step():
+        def body(step_hyper):
             for var, var_slots, g in zip(variables, slots, grads):
-                apply(var, var_slots, g)
-        return step, variables[0]
+                apply(var, var_slots, g, step_hyper)
+        return wrap(body, hyper), variables[0]
 
-    def group():
+    def group(wrap=one_step):
         variables, slots = variables_and_slots()
         per_slot = [[s[k] for s in slots] for k in range(len(rule.slots))]
-        return quiet_function(tf, lambda: group_op(variables, *per_slot, grad=grads, **hyper)), \
+        return wrap(lambda step_hyper: group_op(variables, *per_slot, grad=grads, **step_hyper)), \
             variables[0]
 
-    def fused(hyper=hyper):
-        return one_op_per_variable(lambda var, slots, g: fused_op(var, *slots, grad=g, **hyper))
+    def fused(hyper=hyper, wrap=one_step):
+        return one_op_per_variable(
+            lambda var, slots, g, step_hyper: fused_op(var, *slots, grad=g, **step_hyper),
+            wrap, hyper)
 
     def tf_fused():
-        return one_op_per_variable(lambda var, slots, g: tf_kernel(
-            **rule.tf_kernel_variables(var, slots), grad=g, **hyper))
+        return one_op_per_variable(lambda var, slots, g, step_hyper: tf_kernel(
+            **rule.tf_kernel_variables(var, slots), grad=g, **step_hyper), one_step)
 
-    def optimizer(make_optimizer):
+    def optimizer(make_optimizer, wrap=one_step):
         variables = [tf.Variable(x) for x in inits]
         opt = make_optimizer()
-        return quiet_function(tf, lambda: opt.apply_gradients(zip(grads, variables))), variables[0]
+        if wrap is looped:  # Keras 3: its slots made before the loop, not in its body
+            opt.build(variables)
+        return wrap(lambda _: opt.apply_gradients(zip(grads, variables))), variables[0]
 
     def torch(make_optimizer):
         torch = libraries.torch()
@@ -255,9 +275,35 @@ def scenario_many_small(tf, cfg, progress):
              f"[{cfg['small_dim']},{cfg['small_dim']}] + {cfg['small_pairs']} x "
              f"[{cfg['small_dim']}])")
     rows = check_and_time(contenders, oracles, 1, cfg["small_steps"], cfg["repeats"], progress)
+    rows.update(many_small_looped(tf, cfg, progress, group, fused, optimizer, looped))
     rows["_meta"] = {"shapes": f"{cfg['small_pairs']} x [{cfg['small_dim']},{cfg['small_dim']}]"
                                f" + {cfg['small_pairs']} x [{cfg['small_dim']}]",
-                     "parameters": int(sum(np.prod(s) for s in shapes))}
+                     "parameters": int(sum(np.prod(s) for s in shapes)),
+                     "loop_steps": loop_steps}
+    return rows
+
+
+LOOPED = ", {} steps per call"  # the suffix of the looped contenders' rows
+
+
+def many_small_looped(tf, cfg, progress, group, fused, optimizer, looped):
+    """The TF contenders again, each call running `small_loop_steps` steps in a loop inside
+    the function (as Keras's ``steps_per_execution``): the call's per-input cost is paid
+    once per call, the loop's per-iteration cost still once per step. Rows in ms per step;
+    "x_fusedopt" against the looped group op."""
+    k = cfg["small_loop_steps"]
+    suffix = LOOPED.format(k)
+    contenders = {"fusedopt group op (raw)" + suffix: (functools.partial(group, wrap=looped), "tf"),
+                  "fusedopt per-variable ops (raw)" + suffix:
+                      (functools.partial(fused, wrap=looped), "tf")}
+    for entry in MANY_SMALL_OPTIMIZERS[:2]:  # the Keras 3 classes
+        add_optimizer(contenders, entry, functools.partial(optimizer, wrap=looped), suffix)
+    oracles = {"tf": functools.partial(fused, wrap=looped)}
+    progress(f"many small variables, {k} steps per call")
+    rows = check_and_time(contenders, oracles, 1, cfg["small_steps"], cfg["repeats"], progress)
+    for row in rows.values():
+        for key in ("median_ms", "min_ms", "max_ms"):
+            row[key] /= k
     return rows
 
 
