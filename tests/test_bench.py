@@ -52,6 +52,10 @@ def test_quick_benchmark_runs_every_scenario_and_contenders_agree(tmp_path):
     if importlib.util.find_spec("torch") is not None:
         expected_small |= {"torch Adam (foreach)", "torch Adam (fused)"}
         assert all("torch Adam (fused)" in rows for rows in results["dense_sizes"].values())
+        for rows in results["dense_sizes"].values():  # the engine and torch, one set of buffers
+            same = rows["_meta"]["same_buffers_ms"]
+            assert set(same) == {"fusedopt engine (_core)", "torch Adam (fused)"}
+            assert all(ms > 0 for ms in same.values())
     looped = ", {} steps per call".format(many_small["_meta"]["loop_steps"])
     expected_small |= {name + looped for name in (
         "fusedopt group op (raw)", "fusedopt per-variable ops (raw)",

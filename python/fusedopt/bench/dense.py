@@ -1,6 +1,7 @@
 """Dense steps: one large variable per rule, and many small variables (LazyAdam)."""
 import functools
 import gc
+import time
 
 import numpy as np
 
@@ -135,10 +136,50 @@ def scenario_dense_sizes(tf, cfg, progress):
         for row in rows.values():
             row["GB_per_s"] = bytes_per_step / (row["median_ms"] / 1e3) / 1e9
         rows["_meta"] = {"bytes_per_step": bytes_per_step}
+        del steps, grads
+        gc.collect()
+        if libraries.torch() is not None:
+            progress(f"dense sizes: {n:,} parameters, the engine and torch on the same buffers")
+            rows["_meta"]["same_buffers_ms"] = same_buffers_ms(init, cfg["dense_steps"],
+                                                               cfg["repeats"])
         out[n] = rows
-        del steps, grads, init
+        del init
         gc.collect()
     return out
+
+
+def same_buffers_ms(init, steps, repeats):
+    """Median ms per dense Adam step of fusedopt's engine (``fusedopt._core``, no TF) and
+    torch's fused Adam, alternating on the very same var, m, v and grad arrays.
+
+    On a VM the physical placement of a buffer can change a memory-bound step by 3x (two
+    identical TF setups in one process: 78 and 261 ms at 128M parameters, BENCHMARKS.md):
+    contenders with buffers of their own then compare placements, not kernels. Timing
+    only: both kernels' numbers are checked in the scenario's table."""
+    from fusedopt import _core
+
+    torch = libraries.torch()
+    var, grad = init.copy(), np.random.default_rng(2).normal(0, 1, init.size).astype(np.float32)
+    m, v = np.zeros_like(var), np.zeros_like(var)
+    parameter = torch.nn.Parameter(torch.from_numpy(var))
+    parameter.grad = torch.from_numpy(grad)
+    opt = torch.optim.Adam([parameter], lr=LR, betas=(BETA1, BETA2), eps=EPS, fused=True)
+    opt.step()  # makes its state; then its moments become ours
+    state = opt.state[parameter]
+    state["exp_avg"], state["exp_avg_sq"] = torch.from_numpy(m), torch.from_numpy(v)
+    hyper = RULES["lazy_adam"].hyper(1)
+
+    def engine():
+        _core.apply_dense("lazy_adam", var, [m, v], grad, hyper, num_threads=THREADS)
+    times = {"fusedopt engine (_core)": [], "torch Adam (fused)": []}
+    for _ in range(repeats):
+        for name, step in (("fusedopt engine (_core)", engine), ("torch Adam (fused)", opt.step)):
+            step()
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            times[name].append(1e3 * (time.perf_counter() - start) / steps)
+    return {name: float(np.median(ts)) for name, ts in times.items()}
 
 
 MANY_SMALL_RULE = "lazy_adam"  # the rule of the "many small variables" scenario
