@@ -1,4 +1,6 @@
 """The issue's aims (targets the benchmark was built to show), for the scenarios present."""
+from fusedopt.bench.dense import LOOPED
+
 
 def aim(text, value, target, at_most=False):
     met = value <= target if at_most else value >= target
@@ -86,7 +88,7 @@ def many_small_aims(rows):
         out += [aim("many small variables: fusedopt.keras.LazyAdam vs tf.keras Adam", ratio, 5),
                 aim("many small variables: same, moonshot", ratio, 10)]
     looped = rows.get("_meta", {}).get("loop_steps")
-    suffix = f", {looped} steps per call"
+    suffix = LOOPED.format(looped)
     if looped and keras_class + suffix in rows:  # the call's cost spread over the loop
         out += [aim(f"many small variables: group op vs per-variable ops, {looped} steps per call",
                     rows[per_variable + suffix]["x_fusedopt"], 2),

@@ -1,7 +1,6 @@
 """Dense steps: one large variable per rule, and many small variables (LazyAdam)."""
 import functools
 import gc
-import time
 
 import numpy as np
 
@@ -9,7 +8,8 @@ from fusedopt.bench import libraries
 from fusedopt.bench.config import BETA1, BETA2, EPS, LR, THREADS
 from fusedopt.bench.contenders import RULES, Optimizer, add_optimizer
 from fusedopt.bench.memory import wait_for_huge_pages
-from fusedopt.bench.timing import check_and_time, cycling, quiet_function
+from fusedopt.bench.timing import (check_and_time, cycling, median_ms, quiet_function,
+                                    time_contenders)
 
 
 class DenseSteps:
@@ -141,14 +141,14 @@ def scenario_dense_sizes(tf, cfg, progress):
         if libraries.torch() is not None:
             progress(f"dense sizes: {n:,} parameters, the engine and torch on the same buffers")
             rows["_meta"]["same_buffers_ms"] = same_buffers_ms(init, cfg["dense_steps"],
-                                                               cfg["repeats"])
+                                                               cfg["repeats"], progress)
         out[n] = rows
         del init
         gc.collect()
     return out
 
 
-def same_buffers_ms(init, steps, repeats):
+def same_buffers_ms(init, steps, repeats, progress):
     """Median ms per dense Adam step of fusedopt's engine (``fusedopt._core``, no TF) and
     torch's fused Adam, alternating on the very same var, m, v and grad arrays.
 
@@ -171,15 +171,8 @@ def same_buffers_ms(init, steps, repeats):
 
     def engine():
         _core.apply_dense("lazy_adam", var, [m, v], grad, hyper, num_threads=THREADS)
-    times = {"fusedopt engine (_core)": [], "torch Adam (fused)": []}
-    for _ in range(repeats):
-        for name, step in (("fusedopt engine (_core)", engine), ("torch Adam (fused)", opt.step)):
-            step()
-            start = time.perf_counter()
-            for _ in range(steps):
-                step()
-            times[name].append(1e3 * (time.perf_counter() - start) / steps)
-    return {name: float(np.median(ts)) for name, ts in times.items()}
+    return median_ms(time_contenders({"fusedopt engine (_core)": engine,
+                                      "torch Adam (fused)": opt.step}, steps, repeats, progress))
 
 
 MANY_SMALL_RULE = "lazy_adam"  # the rule of the "many small variables" scenario
