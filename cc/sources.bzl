@@ -10,6 +10,7 @@ CORE_HDRS = [
     "cc/core/executor.h",
     "cc/core/engine.h",
     "cc/core/huge_pages.h",
+    "cc/core/cache_alias.h",
     "cc/core/cpu_isa.h",
     "cc/core/coalesce.h",
     "cc/core/sum_order.h",
@@ -39,6 +40,7 @@ GPU_SRCS = [
 TF_HDRS = [
     "cc/tf/op_defs.h",
     "cc/tf/kernels.h",
+    "cc/tf/separate_buffers.h",
     "cc/tf/gpu_variables.h",  # used only with FUSEDOPT_CUDA
 ]
 TF_SRCS = [

@@ -127,3 +127,23 @@ def test_isa_ab_tool_runs_both_loops(tmp_path):
     assert set(result["summary"]) == {"dense_4096", "many_small_group"}
     for row in result["summary"].values():
         assert row["default_ms"] > 0 and row["baseline_ms"] > 0
+
+
+def test_separation_ab_tool_runs_both_settings(tmp_path):
+    """tools/separation_ab.py (BENCHMARKS.md's buffer-separation A/B) in its quick form: each
+    setting's processes report their setting, every step has a time for both, and nothing
+    moves with the setting off."""
+    out = tmp_path / "ab.json"
+    tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
+                        "separation_ab.py")
+    proc = subprocess.run([sys.executable, tool, "--quick", "--rounds", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert [r["moved"]["enabled"] for r in result["runs"]["on"]] == [True]
+    assert [r["moved"] for r in result["runs"]["off"]] == [
+        dict(enabled=False, moved_buffers=0, moved_bytes=0, failures=0)]
+    assert set(result["summary"]) == {"dense, setup 0", "dense, setup 1",
+                                      "sparse [1,024, 64], 64 ids"}
+    for row in result["summary"].values():
+        assert row["on_ms"] > 0 and row["off_ms"] > 0

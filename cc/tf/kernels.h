@@ -26,6 +26,7 @@
 #include "cc/core/engine.h"
 #include "cc/core/validate.h"
 #include "cc/tf/op_defs.h"
+#include "cc/tf/separate_buffers.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -144,7 +145,9 @@ class FusedApply {
       OP_REQUIRES(ctx, found.ok() && variable->tensor()->IsInitialized(),
                   UninitializedError(ctx, i, found));
     }
-    OP_REQUIRES_OK(ctx, CheckStateInputs(ctx));  // dtypes, aliasing: before TF's helpers
+    std::array<::tensorflow::core::RefCountPtr<::tensorflow::Var>, 1 + kSlots> held;
+    OP_REQUIRES_OK(ctx, CheckStateInputs(ctx, held));  // dtypes, aliasing: before TF's helpers
+    if constexpr (!kGpu) SeparateBuffers(ctx, held);
     std::vector<int> state_inputs(1 + kSlots);
     std::iota(state_inputs.begin(), state_inputs.end(), 0);
     auto locks = LockVariables(ctx, state_inputs);
@@ -241,9 +244,11 @@ class FusedApply {
   // every variable's dtype is checked here, from the variable itself. And a variable
   // passed twice would be copied apart by copy-on-write or updated as var and slot at once.
   // (A variable deleted or uninitialized since the lookups above reads as uninitialized.)
-  absl::Status CheckStateInputs(::tensorflow::OpKernelContext* ctx) {
+  // `held` receives the resource variables (null for ref inputs).
+  absl::Status CheckStateInputs(
+      ::tensorflow::OpKernelContext* ctx,
+      std::array<::tensorflow::core::RefCountPtr<::tensorflow::Var>, 1 + kSlots>& held) {
     const ::tensorflow::DataType want = ::tensorflow::DataTypeToEnum<T>::value;
-    std::array<::tensorflow::core::RefCountPtr<::tensorflow::Var>, 1 + kSlots> held;
     std::array<const void*, 1 + kSlots> identity{};  // the Var, or a ref input's mutex
     for (int i = 0; i <= kSlots; ++i) {
       ::tensorflow::DataType dtype;
@@ -274,6 +279,56 @@ class FusedApply {
       }
     }
     return absl::OkStatus();
+  }
+
+  // Moves a large variable or slot buffer the cache cannot hold beside another buffer of
+  // this update (cc/core/cache_alias.h), before TF's helpers hand the buffers out. Only
+  // resource variables of one size and, dense, a gradient of that size (anything else is
+  // left to the validation below). Checked under shared locks, as concurrent sparse
+  // updates hold them; a move takes every variable's lock exclusively. Locks in address
+  // order, as TF's helpers take them.
+  void SeparateBuffers(
+      ::tensorflow::OpKernelContext* ctx,
+      std::array<::tensorflow::core::RefCountPtr<::tensorflow::Var>, 1 + kSlots>& held) {
+    if (!SeparationEnabled()) return;
+    const ::tensorflow::Tensor& grad = ctx->input(kGradInput);
+    if (!kSparse && grad.TotalBytes() < static_cast<size_t>(kMinSeparatedBytes)) return;
+    std::array<::tensorflow::Var*, 1 + kSlots> vars;
+    for (int i = 0; i <= kSlots; ++i) {
+      if (!held[i]) return;  // a ref variable
+      vars[i] = held[i].get();
+    }
+    std::array<::tensorflow::Var*, 1 + kSlots> order = vars;
+    std::sort(order.begin(), order.end());
+    const void* grad_data = kSparse ? nullptr : grad.tensor_data().data();
+    const int64_t grad_bytes = static_cast<int64_t>(grad.TotalBytes());
+    // Same-size initialized buffers, and some of them aliased.
+    auto wanted = [&] {
+      const ::tensorflow::Tensor* first = vars[0]->tensor();
+      if (!first->IsInitialized() ||
+          first->TotalBytes() < static_cast<size_t>(kMinSeparatedBytes) ||
+          (!kSparse && grad.NumElements() != first->NumElements())) {
+        return false;
+      }
+      for (::tensorflow::Var* var : vars) {
+        const ::tensorflow::Tensor* t = var->tensor();
+        if (!t->IsInitialized() || t->dtype() != first->dtype() ||
+            t->NumElements() != first->NumElements()) {
+          return false;
+        }
+      }
+      return AnyAliasedBuffer(vars.data(), 1 + kSlots, grad_data, grad_bytes);
+    };
+    {
+      std::vector<::tsl::tf_shared_lock> shared;
+      shared.reserve(order.size());
+      for (::tensorflow::Var* var : order) shared.emplace_back(*var->mu());
+      if (!wanted()) return;
+    }
+    std::vector<::tsl::mutex_lock> locks;
+    locks.reserve(order.size());
+    for (::tensorflow::Var* var : order) locks.emplace_back(*var->mu());
+    if (wanted()) SeparateAliasedBuffers(ctx, vars.data(), 1 + kSlots, grad_data, grad_bytes);
   }
 
   static const char* StateName(int i) { return i == 0 ? "var" : Rule::kSlots[i - 1]; }
@@ -475,6 +530,20 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
                                                     ToShape(ctx->input(first_grad + v).shape()));
       OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(GroupMemberError(v, n_, error)));
     }
+    // A member's buffers the cache cannot hold together move apart (cc/core/cache_alias.h),
+    // before copy-on-write: a moved buffer is the variable's own, and is not copied again.
+    if constexpr (!kGpu) {
+      if (SeparationEnabled()) {
+        std::array<Var*, 1 + kSlots> member;
+        for (int64_t v = 0; v < n_; ++v) {
+          const ::tensorflow::Tensor& grad = ctx->input(first_grad + v);
+          if (grad.TotalBytes() < static_cast<size_t>(kMinSeparatedBytes)) continue;
+          for (int k = 0; k <= kSlots; ++k) member[k] = vars[k * n_ + v].get();
+          SeparateAliasedBuffers(ctx, member.data(), 1 + kSlots, grad.tensor_data().data(),
+                                 static_cast<int64_t>(grad.TotalBytes()));
+        }
+      }
+    }
     // Copy-on-write (a read still holds the buffer): the values stay as they are.
     for (int64_t j = 0; j < num_state; ++j) {
       Var* var = vars[j].get();
@@ -489,8 +558,8 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
         OP_REQUIRES_OK(ctx, (::tensorflow::PrepareToUpdateVariable<CPUDevice, T>(
                                 ctx, var->tensor(), var->copy_on_read_mode.load())));
       }
-      state[j] = *var->tensor();
     }
+    for (int64_t j = 0; j < num_state; ++j) state[j] = *vars[j]->tensor();
 
     const auto params = PrepareParams<Rule, Storage>(hyper.data(), options_.data());
     std::vector<DenseTensor<Rule, Storage>> tensors(n_);

@@ -53,6 +53,18 @@ def huge_pages_status():
             f"{mode}; {HUGE_PAGES_SETTING}=0 turns it off)")
 
 
+SEPARATION_SETTING = "FUSEDOPT_SEPARATE_BUFFERS"
+
+
+def buffer_separation_status():
+    """One line: do the ops move variable/slot buffers the L1 cache cannot hold together?"""
+    if os.environ.get(SEPARATION_SETTING) == "0":
+        return f"off ({SEPARATION_SETTING}=0)"
+    return ("on (CPU resource variables and slots of 1 MB or more whose addresses agree with "
+            f"another of the update's buffers modulo 256 MB move once; {SEPARATION_SETTING}=0 "
+            "turns it off)")
+
+
 def cpu_vector_status():
     """One line: the vector instruction set of the CPU kernels' element loops."""
     try:
@@ -134,6 +146,7 @@ def describe(errors=None):
         "cuda_kernels": "GPU" in all_devices,
         "huge_pages_for_tables": huge_pages_status(),
         "cpu_vector_loops": cpu_vector_status(),
+        "cache_aliased_buffers": buffer_separation_status(),
         "ops": ops or {},
     }
 

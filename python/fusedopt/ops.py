@@ -213,6 +213,27 @@ def huge_page_stats():
     return stats
 
 
+SEPARATION_STATS = ("enabled", "moved_buffers", "moved_bytes", "failures")
+
+
+def buffer_separation_stats():
+    """Variable and slot buffers (1 MB or more) the CPU kernels moved because the L1 cache
+    could not hold them beside another buffer of the same update (cc/core/cache_alias.h):
+    addresses equal modulo 256 MB, as TF's allocator places equal-size large tensors, evict
+    each other on AMD Zen cores (a step several times slower). Each is moved once, its
+    values copied unchanged. ``enabled`` is False with ``FUSEDOPT_SEPARATE_BUFFERS=0``;
+    ``failures`` counts buffers left where they were (no memory for the copy)."""
+    import ctypes
+
+    load_library()
+    library = ctypes.CDLL(_loader.library_path())
+    values = (ctypes.c_int64 * len(SEPARATION_STATS))()
+    library.fusedopt_separation_stats(values)
+    stats = dict(zip(SEPARATION_STATS, values))
+    stats["enabled"] = bool(stats["enabled"])
+    return stats
+
+
 def cpu_isa():
     """The vector instruction set of the op library's CPU element loops: ``"avx2"`` where
     the CPU has it, else ``"baseline"`` (x86-64 SSE2; also with ``FUSEDOPT_CPU_ISA=baseline``).
