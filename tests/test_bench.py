@@ -112,16 +112,21 @@ def test_memory_bandwidth_probe_validates_and_measures():
         _core.memory_bandwidth("copy", 8, 1, 1)
 
 
-def test_isa_ab_tool_runs_both_loops(tmp_path):
-    """tools/isa_ab.py (BENCHMARKS.md's AVX2 A/B) in its quick form: each process reports the
-    loop it ran, and every step has a time for both."""
+def run_ab_tool_quick(name, tmp_path):
+    """Runs tools/<name> --quick --rounds 1 and returns the JSON it wrote."""
     out = tmp_path / "ab.json"
     tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
-                        "isa_ab.py")
+                        name)
     proc = subprocess.run([sys.executable, tool, "--quick", "--rounds", "1", "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    result = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_isa_ab_tool_runs_both_loops(tmp_path):
+    """tools/isa_ab.py (BENCHMARKS.md's AVX2 A/B) in its quick form: each process reports the
+    loop it ran, and every step has a time for both."""
+    result = run_ab_tool_quick("isa_ab.py", tmp_path)
     assert [r["isa"] for r in result["runs"]["baseline"]] == ["baseline"]
     assert result["runs"]["default"][0]["isa"] in ("avx2", "baseline")
     assert set(result["summary"]) == {"dense_4096", "many_small_group"}
@@ -133,13 +138,7 @@ def test_separation_ab_tool_runs_both_settings(tmp_path):
     """tools/separation_ab.py (BENCHMARKS.md's buffer-separation A/B) in its quick form: each
     setting's processes report their setting, every step has a time for both, and nothing
     moves with the setting off."""
-    out = tmp_path / "ab.json"
-    tool = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
-                        "separation_ab.py")
-    proc = subprocess.run([sys.executable, tool, "--quick", "--rounds", "1", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    result = json.loads(out.read_text())
+    result = run_ab_tool_quick("separation_ab.py", tmp_path)
     assert [r["moved"]["enabled"] for r in result["runs"]["on"]] == [True]
     assert [r["moved"] for r in result["runs"]["off"]] == [
         dict(enabled=False, moved_buffers=0, moved_bytes=0, failures=0)]
