@@ -41,6 +41,7 @@ TF_HDRS = [
     "cc/tf/op_defs.h",
     "cc/tf/kernels.h",
     "cc/tf/separate_buffers.h",
+    "cc/tf/variable_pack.h",
     "cc/tf/gpu_variables.h",  # used only with FUSEDOPT_CUDA
 ]
 TF_SRCS = [
@@ -49,6 +50,7 @@ TF_SRCS = [
     "cc/tf/adagrad.cc",
     "cc/tf/rms_prop.cc",
     "cc/tf/runtime_info.cc",
+    "cc/tf/variable_pack.cc",
 ]
 
 # Layer 2, XLA: kernels for the resource ops inside jit_compile (HLO from the rules through

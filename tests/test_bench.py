@@ -42,7 +42,8 @@ def test_quick_benchmark_runs_every_scenario_and_contenders_agree(tmp_path):
     for n, rows in results["dense_sizes"].items():
         assert {"fusedopt (raw op)", "TF fused kernel"} <= set(rows), (n, sorted(rows))
     many_small = results["many_small"]
-    expected_small = {"fusedopt group op (raw)", "fusedopt per-variable ops (raw)",
+    expected_small = {"fusedopt packed group op (raw)", "fusedopt group op (raw)",
+                      "fusedopt per-variable ops (raw)",
                       "fusedopt group op (raw), v1 Session",
                       "fusedopt per-variable ops (raw), v1 Session",
                       "TF fused kernel per variable", "fusedopt.keras.LazyAdam (group op)",
@@ -58,8 +59,9 @@ def test_quick_benchmark_runs_every_scenario_and_contenders_agree(tmp_path):
             assert all(ms > 0 for ms in same.values())
     looped = ", {} steps per call".format(many_small["_meta"]["loop_steps"])
     expected_small |= {name + looped for name in (
-        "fusedopt group op (raw)", "fusedopt per-variable ops (raw)",
-        "fusedopt.keras.LazyAdam (group op)", "tf.keras Adam")}
+        "fusedopt packed group op (raw)", "fusedopt group op (raw)",
+        "fusedopt per-variable ops (raw)", "fusedopt.keras.LazyAdam (group op)",
+        "tf.keras Adam")}
     assert expected_small <= set(many_small), sorted(many_small)
     for name, row in many_small.items():
         if not name.startswith("_"):

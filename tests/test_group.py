@@ -357,7 +357,9 @@ def test_keras3_step_outside_a_strategy_adds_no_all_reduce_ops():
         return [op.type for op in step.get_concrete_function().graph.get_operations()]
     plain = step_op_types()
     assert "Identity" not in plain and "IdentityN" not in plain, sorted(set(plain))
-    assert plain.count("FusedOpt>ResourceGroupApplyLazyAdam") == 1
+    # The packed group op (fusedopt._packs): one pack handle for the variables and slots.
+    assert plain.count("FusedOpt>ResourcePackedGroupApplyLazyAdam") == 1, sorted(set(plain))
+    assert "FusedOpt>ResourceGroupApplyLazyAdam" not in plain
     mirrored = step_op_types(tf.distribute.MirroredStrategy(["/cpu:0"]))
     assert mirrored.count("Identity") >= 12, sorted(set(mirrored))  # one per gradient
 
@@ -367,11 +369,17 @@ def test_keras_groups_by_dtype_and_keeps_sparse_lazy(monkeypatch):
     calls = _count_group_calls(monkeypatch)
     ops_seen = []
     real_group = fops.resource_group_apply_lazy_adam
+    real_packed = fops.resource_packed_group_apply_lazy_adam
 
     def spy(var, *args, **kwargs):
         ops_seen.append({v.dtype for v in var})
         return real_group(var, *args, **kwargs)
+
+    def packed_spy(pack, *args, grad, **kwargs):  # Keras 3, eager: the packed op
+        ops_seen.append({g.dtype for g in grad})
+        return real_packed(pack, *args, grad=grad, **kwargs)
     monkeypatch.setattr(fops, "resource_group_apply_lazy_adam", spy)
+    monkeypatch.setattr(fops, "resource_packed_group_apply_lazy_adam", packed_spy)
     dense32 = [tf.Variable(np.ones((3, 3), np.float32)), tf.Variable(np.ones(3, np.float32))]
     dense64 = [tf.Variable(np.ones(4, np.float64))]
     table = tf.Variable(np.ones((10, 2), np.float32))

@@ -69,6 +69,25 @@ def test_resource_eager(rule, sparse):
     assert all(np.isfinite(v.numpy()).all() for v in vs)
 
 
+def test_member_packs():
+    """Packs made and dropped (each holds its members' Vars; the last handle frees it),
+    and steps of the packed group op."""
+    rng = np.random.default_rng(0)
+    var, slots = _state("lazy_adam", (64, 16), rng)
+    vs = [tf.Variable(x) for x in [var] + slots]
+    from fusedopt import _packs
+    alive = len(_packs._handles)  # packs other tests' optimizers still hold
+    assert_flat(lambda i: fops.variable_pack(vs), "member pack made and dropped")
+    assert len(_packs._handles) <= alive + 1  # the registry forgets dropped packs
+    pack = fops.variable_pack(vs)
+    h = _hyper("lazy_adam")
+    hyper = {n: tf.constant(h[n], tf.float32) for n in RULES["lazy_adam"]["hyper"]}
+    grad = [tf.constant(harness.make_grad((64, 16), "float", rng) * 1e-3)]
+    assert_flat(lambda i: fops.resource_packed_group_apply_lazy_adam(pack, grad=grad, **hyper),
+                "packed group op eager")
+    assert all(np.isfinite(v.numpy()).all() for v in vs)
+
+
 @pytest.mark.parametrize("rule", sorted(RULES))
 def test_ref_graph(rule):
     """Ref ops (dense and sparse, in one run call) from a Session, STEPS runs."""

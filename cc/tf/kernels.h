@@ -27,6 +27,7 @@
 #include "cc/core/validate.h"
 #include "cc/tf/op_defs.h"
 #include "cc/tf/separate_buffers.h"
+#include "cc/tf/variable_pack.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -90,6 +91,14 @@ class TfCpuExecutor final : public Executor {
   const ::tensorflow::DeviceBase::CpuWorkerThreads* workers_;
 };
 
+// Whether a resource variable holds a value. A Var made but never assigned (e.g. TF's
+// UninitializedVariable) holds an empty tensor, which Tensor::IsInitialized() counts as
+// initialized; its own flag says it is not.
+inline bool HoldsValue(::tensorflow::Var* var) {
+  const ::tensorflow::Tensor* t = var->tensor();
+  return t->IsInitialized() && (var->is_initialized || t->NumElements() > 0);
+}
+
 inline Shape ToShape(const ::tensorflow::TensorShape& s) {
   Shape out(s.dims());
   for (int i = 0; i < s.dims(); ++i) out[i] = s.dim_size(i);
@@ -142,7 +151,7 @@ class FusedApply {
       ::tensorflow::core::RefCountPtr<::tensorflow::Var> variable;
       const absl::Status found = ::tensorflow::LookupResource(
           ctx, ::tensorflow::HandleFromInput(ctx, i), &variable);
-      OP_REQUIRES(ctx, found.ok() && variable->tensor()->IsInitialized(),
+      OP_REQUIRES(ctx, found.ok() && HoldsValue(variable.get()),
                   UninitializedError(ctx, i, found));
     }
     std::array<::tensorflow::core::RefCountPtr<::tensorflow::Var>, 1 + kSlots> held;
@@ -258,7 +267,7 @@ class FusedApply {
             ctx, ::tensorflow::HandleFromInput(ctx, i), &variable);
         if (!found.ok()) return UninitializedError(ctx, i, found);
         ::tsl::tf_shared_lock lock(*variable->mu());  // an assign may swap the tensor
-        if (!variable->tensor()->IsInitialized()) return UninitializedError(ctx, i, found);
+        if (!HoldsValue(variable.get())) return UninitializedError(ctx, i, found);
         dtype = variable->tensor()->dtype();
         identity[i] = variable.get();
       } else {
@@ -441,7 +450,9 @@ class FusedSparseApplyGpuOp : public ::tensorflow::AsyncOpKernel {
 // (ApplyDenseGroup; on the GPU multi-tensor launches, 64 variables each, on the op's
 // stream). Everything that can reject the call (lookups, dtypes, a variable passed twice
 // anywhere in the group, shapes) is checked for the whole group before the first write.
-template <typename Device, typename T, typename Rule>
+// kPacked: FusedOpt>ResourcePackedGroupApply<Rule>, the variables from a member pack
+// (variable_pack.h) in input 0 instead of (1 + slots) * N handles; the rest is the same.
+template <typename Device, typename T, typename Rule, bool kPacked = false>
 class FusedGroupApplyOp : public ::tensorflow::OpKernel {
   static constexpr int kSlots = NumSlots<Rule>();
   static constexpr int kHyper = NumHyper<Rule>();
@@ -467,7 +478,7 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
     }
 #endif
     const int64_t num_state = (1 + kSlots) * n_;
-    const int64_t first_hyper = num_state, first_grad = num_state + kHyper;
+    const int64_t first_hyper = kPacked ? 1 : num_state, first_grad = first_hyper + kHyper;
     // Hyper-parameters: scalars, shared by the group.
     std::array<const Storage*, kHyper> hyper;
     for (int i = 0; i < kHyper; ++i) {
@@ -482,12 +493,33 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
     std::vector<::tensorflow::core::RefCountPtr<Var>> vars(num_state);
     std::vector<std::pair<Var*, int64_t>> identities(num_state);
     const ::tensorflow::DataType want = ::tensorflow::DataTypeToEnum<T>::value;
-    for (int64_t j = 0; j < num_state; ++j) {
+    ::tensorflow::core::RefCountPtr<VariablePack> pack;
+    if constexpr (kPacked) {
       const absl::Status found =
-          ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, j), &vars[j]);
-      OP_REQUIRES(ctx, found.ok(), UninitializedError(ctx, j, found));
+          ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, 0), &pack);
+      OP_REQUIRES(ctx, found.ok(),
+                  absl::InvalidArgumentError("pack (" + requested_input(0) +
+                                             ") is not a fusedopt member pack: " +
+                                             std::string(found.message())));
+      const int64_t held = static_cast<int64_t>(pack->members().size());
+      OP_REQUIRES(ctx, held == num_state,
+                  absl::InvalidArgumentError(
+                      "the pack holds " + std::to_string(held) + " variables but " +
+                      std::to_string(n_) + " gradients need " + std::to_string(num_state) +
+                      " (each variable and its " + std::to_string(kSlots) + " slot(s))"));
+    }
+    for (int64_t j = 0; j < num_state; ++j) {
+      absl::Status found;
+      if constexpr (kPacked) {
+        Var* member = pack->members()[j].get();
+        member->Ref();
+        vars[j].reset(member);
+      } else {
+        found = ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, j), &vars[j]);
+        OP_REQUIRES(ctx, found.ok(), UninitializedError(ctx, j, found));
+      }
       ::tsl::tf_shared_lock lock(*vars[j]->mu());  // an assign may swap the tensor
-      OP_REQUIRES(ctx, vars[j]->tensor()->IsInitialized(), UninitializedError(ctx, j, found));
+      OP_REQUIRES(ctx, HoldsValue(vars[j].get()), UninitializedError(ctx, j, found));
       const ::tensorflow::DataType dtype = vars[j]->tensor()->dtype();
       OP_REQUIRES(ctx, dtype == want,
                   absl::InvalidArgumentError(StateName(j) + " has dtype " +
@@ -502,8 +534,7 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
       const int64_t a = identities[j - 1].second, b = identities[j].second;
       ctx->CtxFailure(absl::InvalidArgumentError(
           StateName(a) + " and " + StateName(b) + " are the same variable (" +
-          ctx->op_kernel().requested_input(a) + ", " + ctx->op_kernel().requested_input(b) +
-          "); each needs its own"));
+          InputName(ctx, a) + ", " + InputName(ctx, b) + "); each needs its own"));
       return;
     }
     // Exclusive locks in address order (`identities` is sorted by Var; each Var has its
@@ -520,10 +551,10 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
         const int64_t j = k * n_ + v;
         const ::tensorflow::Tensor* t = vars[j]->tensor();
         // Re-checked under the lock: the variable may have been reassigned meanwhile.
-        OP_REQUIRES(ctx, t->IsInitialized() && t->dtype() == want,
+        OP_REQUIRES(ctx, HoldsValue(vars[j].get()) && t->dtype() == want,
                     absl::FailedPreconditionError(StateName(j) + " changed while the update " +
                                                   "was being prepared (" +
-                                                  ctx->op_kernel().requested_input(j) + ")"));
+                                                  InputName(ctx, j) + ")"));
         shapes[k] = ToShape(t->shape());
       }
       const std::string error = ValidateDense<Rule>(shapes[0], &shapes[1], hyper_shapes,
@@ -589,11 +620,20 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
     return std::string(k == 0 ? "var" : Rule::kSlots[k - 1]) + "[" + std::to_string(j % n_) + "]";
   }
 
+  // The graph input behind state j: its own input, or the pack's ("pack member 7 of x").
+  std::string InputName(::tensorflow::OpKernelContext* ctx, int64_t j) const {
+    if constexpr (kPacked) {
+      return "member " + std::to_string(j) + " of pack " + ctx->op_kernel().requested_input(0);
+    } else {
+      return ctx->op_kernel().requested_input(j);
+    }
+  }
+
   absl::Status UninitializedError(::tensorflow::OpKernelContext* ctx, int64_t j,
                                   const absl::Status& cause) const {
     return absl::FailedPreconditionError(
         "Attempting to use uninitialized variable: " + StateName(j) + " (" +
-        ctx->op_kernel().requested_input(j) + ")" +
+        InputName(ctx, j) + ")" +
         (cause.ok() ? "" : ": " + std::string(cause.message())));
   }
 
@@ -672,6 +712,9 @@ void RegisterGroupKernel(const char* device) {
   RegisterKernel<FusedGroupApplyOp<Device, T, Rule>>(
       GroupOpName(Rule::kOpName), device, ::tensorflow::DataTypeToEnum<T>::value,
       ::tensorflow::DT_INT32, /*sparse=*/false, host);
+  RegisterKernel<FusedGroupApplyOp<Device, T, Rule, /*kPacked=*/true>>(
+      PackedGroupOpName(Rule::kOpName), device, ::tensorflow::DataTypeToEnum<T>::value,
+      ::tensorflow::DT_INT32, /*sparse=*/false, host);
 }
 
 template <typename Device, typename Rule, typename T>
@@ -683,7 +726,8 @@ void RegisterAllKernelsForType(const char* device) {
 template <typename Rule>
 bool RegisterOptimizer() {
   for (Variant v : kAllVariants) RegisterOpDef<Rule>(v);
-  RegisterGroupOpDef<Rule>();
+  RegisterGroupOpDef<Rule>(/*packed=*/false);
+  RegisterGroupOpDef<Rule>(/*packed=*/true);
   RegisterAllKernelsForType<CPUDevice, Rule, Eigen::half>(::tensorflow::DEVICE_CPU);
   RegisterAllKernelsForType<CPUDevice, Rule, ::tensorflow::bfloat16>(::tensorflow::DEVICE_CPU);
   RegisterAllKernelsForType<CPUDevice, Rule, float>(::tensorflow::DEVICE_CPU);

@@ -228,12 +228,43 @@ absl::Status InferGroupShapes(InferenceContext* c) {
 
 }  // namespace detail
 
+// FusedOpt>ResourcePackedGroupApply<Rule>: the group op on a member pack
+// (FusedOpt>VariablePack, cc/tf/variable_pack.h) instead of lists of handles: the same
+// update, with one resource input instead of (1 + slots) * N. A step function then
+// captures one handle, not thousands (TF's per-call cost grows with its captured inputs).
+inline std::string PackedGroupOpName(const char* rule_op_name) {
+  return std::string("FusedOpt>ResourcePackedGroupApply") + rule_op_name;
+}
+
+namespace detail {
+
+// The packed op's shapes: its hyper-parameters (the members' are known to the kernel only).
 template <typename Rule>
-void RegisterGroupOpDef() {
-  const std::string name = GroupOpName(Rule::kOpName);
+absl::Status InferPackedGroupShapes(InferenceContext* c) {
+  for (int i = 0; i < NumHyper<Rule>(); ++i) {
+    ShapeHandle unused;
+    if (!c->WithRank(c->input(1 + i), 0, &unused).ok()) {
+      return absl::InvalidArgumentError(std::string(Rule::kHyper[i]) +
+                                        " must be a scalar, got shape " +
+                                        c->DebugString(c->input(1 + i)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace detail
+
+// The group op (packed: its packed form).
+template <typename Rule>
+void RegisterGroupOpDef(bool packed) {
+  const std::string name = packed ? PackedGroupOpName(Rule::kOpName) : GroupOpName(Rule::kOpName);
   ::tensorflow::register_op::OpDefBuilderWrapper op(name.c_str());
-  op.Input("var: N * resource");
-  for (const char* slot : Rule::kSlots) op.Input(std::string(slot) + ": N * resource");
+  if (packed) {
+    op.Input("pack: resource");
+  } else {
+    op.Input("var: N * resource");
+    for (const char* slot : Rule::kSlots) op.Input(std::string(slot) + ": N * resource");
+  }
   for (const char* hyper : Rule::kHyper) op.Input(std::string(hyper) + ": T");
   op.Input("grad: N * T");
   op.Attr("N: int >= 1");
@@ -242,10 +273,12 @@ void RegisterGroupOpDef() {
   for (const RuleOption& option : Rule::kOptions) {
     op.Attr(std::string(option.name) + ": bool = " + (option.default_value ? "true" : "false"));
   }
-  op.SetShapeFn(detail::InferGroupShapes<Rule>);
+  op.SetShapeFn(packed ? detail::InferPackedGroupShapes<Rule> : detail::InferGroupShapes<Rule>);
   op.Doc(std::string("Fused dense ") + Rule::kOpName +
-         " update of N resource variables in one pass (same dtype, shared hyper-parameters). "
-         "See fusedopt.ops for the Python wrapper.");
+         (packed ? " update of the N variables of a member pack (their slots too) in one pass"
+                 : " update of N resource variables in one pass (same dtype, shared "
+                   "hyper-parameters)") +
+         ". See fusedopt.ops for the Python wrapper.");
   op();
 }
 

@@ -4,14 +4,15 @@
 ``slots`` in place with fusedopt's op for ``rule`` (dense gradient, or ``tf.IndexedSlices``
 -> the sparse op, touched rows only), also inside XLA-compiled steps (the ops have XLA
 kernels). ``apply_group`` does the dense updates of many variables with one op per dtype and
-device (``resource_group_apply_<rule>``). Only ``composed=True`` (DTensor sharded layouts, where custom ops cannot run)
+device (``resource_group_apply_<rule>``; given a ``_packs.PackCache``, the packed op on
+the group's member pack wherever one can be made: one captured handle, not thousands). Only ``composed=True`` (DTensor sharded layouts, where custom ops cannot run)
 takes the same rule in composed TF ops (``fusedopt.reference``'s math).
 """
 
 import tensorflow as tf
 
 from fusedopt import ops  # loads the op library now: before the step's XLA compilation
-from fusedopt import reference
+from fusedopt import _packs, reference
 
 
 def _op(rule, sparse):
@@ -86,13 +87,14 @@ def groupable(variable, grad):
             and variable.dtype != tf.resource)
 
 
-def apply_group(rule, updates, hyper_for, options=None, use_locking=False):
+def apply_group(rule, updates, hyper_for, options=None, use_locking=False, packs=None):
     """Dense updates of many variables: one ``resource_group_apply_<rule>`` op per
     (dtype, device) of the variables, in first-seen order.
 
     ``updates``: [(variable, slots, grad)], every one ``groupable``. ``hyper_for(variable)``
     gives the hyper-parameters dict for a group, from its first variable (they depend on
     the dtype and device only). Gradients are cast to the variable's dtype, as Keras does.
+    ``packs``: a ``_packs.PackCache`` to take the groups' member packs from (None: lists).
     Returns the ops (graph mode) or [] (eager).
     """
     groups = {}
@@ -101,15 +103,20 @@ def apply_group(rule, updates, hyper_for, options=None, use_locking=False):
         key = (variable.dtype.base_dtype, variable.device)
         groups.setdefault(key, []).append((variable, [unwrap(s) for s in slots], grad))
     op = getattr(ops, "resource_group_apply_" + rule)
+    packed_op = getattr(ops, "resource_packed_group_apply_" + rule)
     results = []
     for (dtype, device), members in groups.items():
         n_slots = len(members[0][1])
+        state = [[m[0] for m in members]] + [[m[1][k] for m in members] for k in range(n_slots)]
+        grads = [tf.cast(m[2], dtype) for m in members]
         with tf.device(device or None):
-            result = op([m[0] for m in members],
-                        *[[m[1][k] for m in members] for k in range(n_slots)],
-                        **hyper_for(members[0][0]),
-                        grad=[tf.cast(m[2], dtype) for m in members],
-                        use_locking=use_locking, **dict(options or {}))
+            flat = [v for per_kind in state for v in per_kind]
+            if packs is not None and _packs.packable(flat):
+                result = packed_op(packs.handle(flat, device), **hyper_for(members[0][0]),
+                                   grad=grads, use_locking=use_locking, **dict(options or {}))
+            else:
+                result = op(*state, **hyper_for(members[0][0]), grad=grads,
+                            use_locking=use_locking, **dict(options or {}))
         if result is not None:
             results.append(result)
     return results

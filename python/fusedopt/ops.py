@@ -16,6 +16,12 @@ gradients): ``var``, each slot and ``grad`` are lists of the same length, every 
 one dtype (and device), the hyper-parameters are given once for all of them. One pass over
 all elements, numbers identical to one ``resource_apply_<rule>`` per variable.
 
+``resource_packed_group_apply_<rule>(pack, *hyper, grad)`` is the same update with the
+variables and slots in a member pack (``variable_pack([*vars, *slot0s, ...])``, made once):
+a step function captures one handle instead of one per variable and slot. Captured packs
+are ordered like the variables they hold: ``fusedopt._dispatch`` registers how (automatic
+control dependencies see the op as writing every member).
+
 Updates happen in place. Resource wrappers return the op (graph mode) or None (eager);
 ref wrappers return the updated variable's ref tensor, as TF's ``Apply*`` ops do.
 Bad input raises ``tf.errors.InvalidArgumentError`` and leaves every variable as it was.
@@ -31,6 +37,8 @@ RULES = rules.SPECS
 
 VARIANTS = ("apply", "resource_apply", "sparse_apply", "resource_sparse_apply")
 GROUP_VARIANT = "resource_group_apply"  # N variables, one op (dense)
+PACKED_GROUP_VARIANT = "resource_packed_group_apply"  # the same, variables in a pack
+ALL_VARIANTS = VARIANTS + (GROUP_VARIANT, PACKED_GROUP_VARIANT)
 
 
 def op_name(rule, variant):
@@ -49,7 +57,7 @@ def load_library():
     library = _loader.load_library()
     if not _gradients_declared:
         for rule in RULES:
-            for variant in VARIANTS + (GROUP_VARIANT,):
+            for variant in ALL_VARIANTS:
                 try:
                     tf.no_gradient(op_name(rule, variant))  # updates are not differentiable
                 except KeyError:  # already declared (e.g. module reloaded)
@@ -88,6 +96,8 @@ def _apply(rule, variant, var, slots, hyper, grad, indices, use_locking, options
     resource = variant.startswith("resource")
     if variant == GROUP_VARIANT:
         return _apply_group(rule, var, slots, hyper, grad, use_locking, options, name)
+    if variant == PACKED_GROUP_VARIANT:
+        return _apply_packed_group(rule, var, hyper, grad, use_locking, options, name)
     dtype = _dtype_of(var)
     kwargs = {"var": _state(var, resource), "use_locking": use_locking, "name": name}
     for slot_name, slot in zip(spec["slots"], slots):
@@ -132,6 +142,49 @@ def _apply_group(rule, variables, slots, hyper, grads, use_locking, options, nam
     return fn(**kwargs)
 
 
+def _apply_packed_group(rule, pack, hyper, grads, use_locking, options, name):
+    from fusedopt import _packs
+
+    if not tf.executing_eagerly():
+        pack = tf.convert_to_tensor(pack)
+        graph = tf.compat.v1.get_default_graph()
+        if hasattr(graph, "captures") and _packs.pack_members(pack) is None:
+            # Automatic control dependencies order the op by the members it updates; a
+            # pack they cannot trace to its members (a function argument) would leave
+            # reads of those variables unordered.
+            raise ValueError(
+                "resource_packed_group_apply needs a pack made by ops.variable_pack that "
+                "this function captures or makes, not one passed in as an argument (or "
+                "another resource): its members must be known to order the variables' "
+                "reads and writes")
+    grads = [tf.convert_to_tensor(g) for g in _as_list(grads, "grad")]
+    if not grads:
+        raise ValueError("grad is empty: a group update needs at least one variable")
+    dtype = grads[0].dtype
+    kwargs = {"pack": pack, "grad": grads, "use_locking": use_locking, "name": name}
+    for hyper_name, value in zip(RULES[rule]["hyper"], hyper):
+        kwargs[hyper_name] = _as_dtype(value, dtype)
+    kwargs.update(options)
+    fn = getattr(load_library(), f"fused_opt_{PACKED_GROUP_VARIANT}_{rule}")
+    return fn(**kwargs)
+
+
+def variable_pack(members, name=None):
+    """A member pack of resource variables (``tf.Variable`` objects, all distinct) for the
+    ``resource_packed_group_apply_<rule>`` ops: every variable, then each slot's variables,
+    in the group op's order. Returns its handle (a scalar resource tensor that owns the
+    pack: the variables' storage lives while the handle does)."""
+    handles = [_state(m, True) for m in _as_list(members, "members")]
+    if not handles:
+        raise ValueError("members is empty: a pack needs at least one variable")
+    pack = load_library().fused_opt_variable_pack(members=handles, name=name)
+    if tf.executing_eagerly():  # for ordering in the functions that capture it
+        from fusedopt import _packs
+
+        _packs.register(pack, handles)
+    return pack
+
+
 _VARIANT_DOCS = {
     "apply": "update of a ref variable; returns the var ref",
     "resource_apply": "update of a resource variable",
@@ -141,6 +194,9 @@ _VARIANT_DOCS = {
     GROUP_VARIANT: "update of many resource variables in one op: ``var``, each slot and "
                    "``grad`` are lists, one entry per variable (same dtype and device); "
                    "the hyper-parameters are shared",
+    PACKED_GROUP_VARIANT: "update of the variables of a member pack (``variable_pack``) in "
+                          "one op: ``pack`` holds every variable then each slot's, ``grad`` "
+                          "is a list, one gradient per variable",
 }
 
 
@@ -149,7 +205,9 @@ def _make_wrapper(rule, variant):
     **options, name=None)`` with a real signature (help(), inspect, IDEs)."""
     spec = RULES[rule]
     sparse = variant.endswith("sparse_apply")
-    positional = ["var", *spec["slots"], *spec["hyper"], "grad"] + (["indices"] if sparse else [])
+    packed = variant == PACKED_GROUP_VARIANT
+    state = ["pack"] if packed else ["var", *spec["slots"]]
+    positional = [*state, *spec["hyper"], "grad"] + (["indices"] if sparse else [])
     keyword = [("use_locking", False), *spec["options"].items(), ("name", None)]
     n_slots, n_hyper = len(spec["slots"]), len(spec["hyper"])
 
@@ -157,6 +215,10 @@ def _make_wrapper(rule, variant):
         bound = wrapper.__signature__.bind(*args, **kwargs)
         bound.apply_defaults()
         a = bound.arguments
+        if packed:
+            return _apply(rule, variant, a["pack"], [], [a[h] for h in spec["hyper"]],
+                          a["grad"], None, a["use_locking"], {o: a[o] for o in spec["options"]},
+                          a["name"])
         return _apply(rule, variant, a["var"], [a[s] for s in spec["slots"]],
                       [a[h] for h in spec["hyper"]], a["grad"], a.get("indices"),
                       a["use_locking"], {o: a[o] for o in spec["options"]}, a["name"])
@@ -175,7 +237,7 @@ def _make_wrapper(rule, variant):
 
 
 for _rule in RULES:
-    for _variant in VARIANTS + (GROUP_VARIANT,):
+    for _variant in ALL_VARIANTS:
         globals()[f"{_variant}_{_rule}"] = _make_wrapper(_rule, _variant)
 del _rule, _variant
 

@@ -199,6 +199,7 @@ def scenario_many_small(tf, cfg, progress):
     hyper = rule.hyper(1)
     fused_op = getattr(ops, f"resource_apply_{MANY_SMALL_RULE}")
     group_op = getattr(ops, f"resource_group_apply_{MANY_SMALL_RULE}")
+    packed_op = getattr(ops, f"resource_packed_group_apply_{MANY_SMALL_RULE}")
     tf_kernel = getattr(tf.raw_ops, rule.tf_dense_kernel)
 
     loop_steps = cfg["small_loop_steps"]
@@ -237,6 +238,14 @@ def scenario_many_small(tf, cfg, progress):
         per_slot = [[s[k] for s in slots] for k in range(len(rule.slots))]
         return wrap(lambda step_hyper: group_op(variables, *per_slot, grad=grads, **step_hyper)), \
             variables[0]
+
+    def packed_group(wrap=one_step):
+        """The group op on a member pack (one captured handle for all variables and slots:
+        what the Keras classes run)."""
+        variables, slots = variables_and_slots()
+        pack = ops.variable_pack(variables + [s[k] for k in range(len(rule.slots))
+                                              for s in slots])
+        return wrap(lambda step_hyper: packed_op(pack, grad=grads, **step_hyper)), variables[0]
 
     def fused(hyper=hyper, wrap=one_step):
         return one_op_per_variable(
@@ -295,7 +304,8 @@ def scenario_many_small(tf, cfg, progress):
         return v1_graph(lambda variables, slots, g: tf.group(
             [fused_op(v, *s, grad=x, **hyper) for v, s, x in zip(variables, slots, g)]))
 
-    contenders = {"fusedopt group op (raw)": (group, "tf"),
+    contenders = {"fusedopt packed group op (raw)": (packed_group, "tf"),
+                  "fusedopt group op (raw)": (group, "tf"),
                   "fusedopt per-variable ops (raw)": (fused, "tf"),
                   "fusedopt group op (raw), v1 Session": (group_v1, "tf"),
                   "fusedopt per-variable ops (raw), v1 Session": (fused_v1, "tf"),
@@ -309,7 +319,8 @@ def scenario_many_small(tf, cfg, progress):
              f"[{cfg['small_dim']},{cfg['small_dim']}] + {cfg['small_pairs']} x "
              f"[{cfg['small_dim']}])")
     rows = check_and_time(contenders, oracles, 1, cfg["small_steps"], cfg["repeats"], progress)
-    rows.update(many_small_looped(tf, cfg, progress, group, fused, optimizer, looped))
+    rows.update(many_small_looped(tf, cfg, progress, packed_group, group, fused, optimizer,
+                                  looped))
     rows["_meta"] = {"shapes": f"{cfg['small_pairs']} x [{cfg['small_dim']},{cfg['small_dim']}]"
                                f" + {cfg['small_pairs']} x [{cfg['small_dim']}]",
                      "parameters": int(sum(np.prod(s) for s in shapes)),
@@ -320,14 +331,16 @@ def scenario_many_small(tf, cfg, progress):
 LOOPED = ", {} steps per call"  # the suffix of the looped contenders' rows
 
 
-def many_small_looped(tf, cfg, progress, group, fused, optimizer, looped):
+def many_small_looped(tf, cfg, progress, packed_group, group, fused, optimizer, looped):
     """The TF contenders again, each call running `small_loop_steps` steps in a loop inside
     the function (as Keras's ``steps_per_execution``): the call's per-input cost is paid
     once per call, the loop's per-iteration cost still once per step. Rows in ms per step;
-    "x_fusedopt" against the looped group op."""
+    "x_fusedopt" against the looped packed group op."""
     k = cfg["small_loop_steps"]
     suffix = LOOPED.format(k)
-    contenders = {"fusedopt group op (raw)" + suffix: (functools.partial(group, wrap=looped), "tf"),
+    contenders = {"fusedopt packed group op (raw)" + suffix:
+                      (functools.partial(packed_group, wrap=looped), "tf"),
+                  "fusedopt group op (raw)" + suffix: (functools.partial(group, wrap=looped), "tf"),
                   "fusedopt per-variable ops (raw)" + suffix:
                       (functools.partial(fused, wrap=looped), "tf")}
     for entry in MANY_SMALL_OPTIMIZERS[:2]:  # the Keras 3 classes

@@ -77,8 +77,8 @@ def many_small_section(rows):
     meta = rows.get("_meta", {})
     lines = ["### Many small variables (one step)", "",
              f"{meta.get('shapes', '')} float32 ({meta.get('parameters', 0):,} parameters); "
-             "x fusedopt: median / the group op's median (rows \"N steps per call\": ms per "
-             "step of a tf.function looping N steps, against the looped group op).", "",
+             "x fusedopt: median / the packed group op's median (rows \"N steps per call\": ms per "
+             "step of a tf.function looping N steps, against the looped packed group op).", "",
              "| contender | median ms | x fusedopt | matches |", "|---|---|---|---|"]
     lines += [f"| {k} | {v['median_ms']:.2f} | {v['x_fusedopt']:.2f} | "
               f"{'yes' if v['match'] else '**no**'} |" for k, v in rows.items()

@@ -18,7 +18,7 @@ Keras 2 ``OptimizerV2`` classes: ``fusedopt.keras.legacy``; DTensor: ``fusedopt.
 import tensorflow as tf
 
 from fusedopt import rules as _rules
-from fusedopt import _dispatch
+from fusedopt import _dispatch, _packs
 from fusedopt.rules._front import LearningRate, Power
 
 _optimizers = tf.keras.optimizers
@@ -106,8 +106,27 @@ class _FusedUpdate:
                 self._fused_rule,
                 [(var, [self._slot(getattr(self, attr), var) for attr in spec.slots], grad)
                  for grad, var in grouped],
-                lambda var: self._hyper(var, learning_rate), spec.options)
+                lambda var: self._hyper(var, learning_rate), spec.options,
+                packs=self._fused_packs())
         return super()._distributed_tf_update_step(distribution, rest, learning_rate)
+
+    def _fused_packs(self):
+        # Not an attribute Keras or tf.train.Checkpoint would track: packs hold no state,
+        # and a checkpoint must not depend on which groups a step happened to pack.
+        cache = self.__dict__.get("_fusedopt_pack_cache")
+        if cache is None:
+            cache = self.__dict__["_fusedopt_pack_cache"] = _packs.PackCache()
+        return cache
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        # A SavedModel of a step function that captured a pack needs the pack (it is
+        # re-created from the restored variables on load).
+        children = super()._trackable_children(save_type, **kwargs)
+        cache = self.__dict__.get("_fusedopt_pack_cache")
+        if save_type == "savedmodel" and cache is not None:
+            for i, pack in enumerate(cache.packs()):
+                children["_fusedopt_pack_%d" % i] = pack
+        return children
 
     def _fused(self, rule, variable, slots, gradient, hyper, options=None):
         return _dispatch.apply(rule, variable, slots, gradient, hyper, options,
