@@ -232,6 +232,39 @@ requires_estimator = pytest.mark.skipif(
            "needs TF <= 2.15 + tensorflow-estimator)" % tf.__version__)
 
 
+def check_savedmodel_of_a_packed_step(tmp_path, weights, make_optimizer, build):
+    """A tf.Module's training step (``make_optimizer()``'s apply_gradients over
+    ``weights()``, fresh variables each call; ``build(opt, variables)`` makes the slots)
+    runs on a member pack, is saved as a SavedModel, loads, and trains on exactly as a
+    twin that was never saved."""
+
+    class Trainer(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.weights = weights()
+            self.opt = make_optimizer()
+            build(self.opt, self.weights)
+
+        @tf.function(input_signature=[tf.TensorSpec([], tf.float32)])
+        def train(self, scale):
+            grads = [scale * tf.ones_like(w) for w in self.weights]
+            self.opt.apply_gradients(zip(grads, self.weights))
+            return self.weights[0].read_value()
+
+    trainer, twin = Trainer(), Trainer()
+    trainer.train(tf.constant(1.0))
+    twin.train(tf.constant(1.0))
+    graph = trainer.train.get_concrete_function().graph
+    assert any(op.type.startswith("FusedOpt>ResourcePackedGroupApply")
+               for op in graph.get_operations())
+    tf.saved_model.save(trainer, str(tmp_path / "trainer"))
+    loaded = tf.saved_model.load(str(tmp_path / "trainer"))
+    np.testing.assert_array_equal(loaded.train(tf.constant(0.5)).numpy(),
+                                  twin.train(tf.constant(0.5)).numpy())
+    for got, want in zip(loaded.weights, twin.weights):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
 def run_test_file_in_subprocess(path, env):
     """Runs pytest on `path` in a fresh interpreter with `env` (for settings that must be
     in place before TensorFlow is imported) and asserts everything there passed."""

@@ -122,10 +122,18 @@ else:
         types = {op.type for op in graph.get_operations()}
         for f in graph._functions.values():
             types.update(o.type for o in f.graph.get_operations())
-        # the step's dense updates: one group op; the sparse one: its sparse op
+        # the step's dense updates: one group op (on a member pack, made eagerly); the
+        # sparse one: its sparse op
         assert {t for t in types if t.startswith("FusedOpt>")} == {
-            ops.op_name(rule, "resource_group_apply"), ops.op_name(rule, "resource_sparse_apply")}
+            ops.op_name(rule, "resource_packed_group_apply"),
+            ops.op_name(rule, "resource_sparse_apply")}
         jit = tf.function(step, jit_compile=True)
+        jit_graph = jit.get_concrete_function(*grads).graph
+        jit_types = {op.type for op in jit_graph.get_operations()}
+        for f in jit_graph._functions.values():
+            jit_types.update(o.type for o in f.graph.get_operations())
+        assert ops.op_name(rule, "resource_group_apply") in jit_types  # XLA: the list op
+        assert not any(t.startswith("FusedOpt>ResourcePacked") for t in jit_types)
         before = [v.numpy() for v in variables + [emb]]
         jit(*grads)
         assert all(not np.array_equal(b, v.numpy()) for b, v in zip(before, variables + [emb]))
@@ -173,6 +181,83 @@ else:
                 opt.apply_gradients([(g, var)])
             results.append(var.numpy())
         np.testing.assert_allclose(results[0], results[1], rtol=1e-5, atol=1e-6)
+
+    # --- member packs (fusedopt._packs) ---------------------------------------------------
+
+    def _packed_run(rule, packed, monkeypatch, steps=4):
+        """Steps of a tf.function over a dense group (its reads right after the update must
+        see it); the final variables and slots, and the fused op types in the graph."""
+        from fusedopt import _packs
+
+        if not packed:
+            monkeypatch.setattr(_packs, "packable", lambda variables: False)
+        rng = np.random.default_rng(11)
+        variables = [tf.Variable(rng.uniform(-1, 1, s).astype(np.float32))
+                     for s in [(8, 8), (8,), (4, 8), (4,)] * 2]
+        opt = make(rule, 0, 0.05)
+
+        @tf.function
+        def step(grads):
+            opt.apply_gradients(zip(grads, variables))
+            return [tf.identity(v) for v in variables + opt.variables()]
+        for t in range(steps):
+            seen = step(_grads(np.random.default_rng(t), variables))
+        state = [v.numpy() for v in variables + opt.variables()]
+        for a, b in zip(seen, state):
+            np.testing.assert_array_equal(a.numpy(), b)
+        graph = step.get_concrete_function(_grads(rng, variables)).graph
+        fused = {op.type for op in graph.get_operations() if op.type.startswith("FusedOpt>")}
+        monkeypatch.undo()
+        return state, fused, opt
+
+    @pytest.mark.parametrize("rule", sorted(PAIRS))
+    def test_packed_step_identical_to_list_and_read_after_sees_it(rule, monkeypatch):
+        expected, list_ops, _ = _packed_run(rule, False, monkeypatch)
+        got, packed_ops, opt = _packed_run(rule, True, monkeypatch)
+        assert packed_ops == {ops.op_name(rule, "resource_packed_group_apply")}
+        assert list_ops == {ops.op_name(rule, "resource_group_apply")}
+        assert len(opt._fused_packs().packs()) == 1  # one pack, reused by every step
+        assert [x.tobytes() for x in got] == [x.tobytes() for x in expected]
+
+    def test_packs_not_made_in_v1_graphs():
+        graph = tf.Graph()
+        with graph.as_default():
+            var = tf.compat.v1.Variable([[1.0, -2.0]], use_resource=True)
+            opt = fl.LazyAdam(0.1)
+            update = opt.apply_gradients([(tf.ones((1, 2)), var)])
+            types = {op.type for op in graph.get_operations()}
+            assert "FusedOpt>ResourceGroupApplyLazyAdam" in types
+            assert not opt._fused_packs().packs()
+            with tf.compat.v1.Session(graph=graph) as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                sess.run(update)
+                assert sess.run(var)[0, 0] < 1.0
+
+    def test_savedmodel_with_a_packed_step_loads_and_trains_on(tmp_path):
+        import harness
+
+        harness.check_savedmodel_of_a_packed_step(
+            tmp_path, lambda: _vars(3), lambda: fl.LazyAdam(0.01),
+            lambda opt, variables: opt._create_all_weights(variables))
+
+    def test_checkpoint_holds_no_packs(tmp_path):
+        variables = _vars(4)
+        opt = fl.LazyAdam(0.01)
+        tf.function(_no_result(lambda g: opt.apply_gradients(zip(g, variables))))(
+            _grads(np.random.default_rng(1), variables))
+        assert opt._fused_packs().packs()
+        path = tf.train.Checkpoint(opt=opt, v=variables).save(str(tmp_path / "ckpt"))
+        fresh_vars = _vars(5)
+        fresh = fl.LazyAdam(0.01)
+        status = tf.train.Checkpoint(opt=fresh, v=fresh_vars).restore(path)
+        fresh._create_all_weights(fresh_vars)
+        status.assert_consumed()
+        assert int(fresh.iterations.numpy()) == int(opt.iterations.numpy()) == 1
+        for var, fresh_var in zip(variables, fresh_vars):
+            np.testing.assert_array_equal(fresh_var.numpy(), var.numpy())
+            for name in SPECS["lazy_adam"].slots:
+                np.testing.assert_array_equal(fresh.get_slot(fresh_var, name).numpy(),
+                                              opt.get_slot(var, name).numpy())
 
     # --- the OptimizerV2 API -------------------------------------------------------------
 
@@ -305,6 +390,23 @@ else:
             for name in ("m", "v"):
                 np.testing.assert_array_equal(opt.get_slot(var, name).numpy(),
                                               opt2.get_slot(var2, name).numpy())
+
+    def test_model_save_savedmodel_after_packed_fit(tmp_path):
+        """fit's step ran on a member pack (listed in the SavedModel, minus the slot
+        variables, which Keras 2 tracks itself); the saved model loads and trains on."""
+        x, y = _data()
+        model = _model()
+        model.compile(optimizer=fl.LazyAdam(0.02), loss="mse")
+        model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        assert len(model.optimizer._fused_packs().packs()) == 1
+        model.save(str(tmp_path / "sm"), save_format="tf")
+        loaded = K.models.load_model(str(tmp_path / "sm"))
+        assert type(loaded.optimizer) is fl.LazyAdam
+        for a, b in zip(model.optimizer.get_weights(), loaded.optimizer.get_weights()):
+            np.testing.assert_array_equal(a, b)
+        before = [w.copy() for w in loaded.get_weights()]
+        loaded.fit(x, y, batch_size=16, epochs=1, verbose=0)
+        assert all(not np.array_equal(a, b) for a, b in zip(before, loaded.get_weights()))
 
     def test_model_save_load_h5(tmp_path):
         x, y = _data()

@@ -366,30 +366,9 @@ def test_packs_not_used_under_a_strategy_or_in_v1_graphs():
 def test_keras3_savedmodel_with_a_packed_step_loads_and_trains_on(tmp_path):
     import fusedopt.keras
 
-    class Trainer(tf.Module):
-        def __init__(self):
-            super().__init__()
-            self.weights = _model_variables(3)
-            self.opt = fusedopt.keras.LazyAdam(0.01)
-            self.opt.build(self.weights)
-
-        @tf.function(input_signature=[tf.TensorSpec([], tf.float32)])
-        def train(self, scale):
-            grads = [scale * tf.ones_like(w) for w in self.weights]
-            self.opt.apply_gradients(zip(grads, self.weights))
-            return self.weights[0].read_value()
-
-    trainer, twin = Trainer(), Trainer()
-    trainer.train(tf.constant(1.0))
-    twin.train(tf.constant(1.0))
-    graph = trainer.train.get_concrete_function().graph
-    assert any(op.type.startswith(PACKED) for op in graph.get_operations())
-    tf.saved_model.save(trainer, str(tmp_path / "trainer"))
-    loaded = tf.saved_model.load(str(tmp_path / "trainer"))
-    got = loaded.train(tf.constant(0.5)).numpy()
-    want = twin.train(tf.constant(0.5)).numpy()
-    np.testing.assert_array_equal(got, want)
-    np.testing.assert_array_equal(loaded.weights[5].numpy(), twin.weights[5].numpy())
+    harness.check_savedmodel_of_a_packed_step(
+        tmp_path, lambda: _model_variables(3), lambda: fusedopt.keras.LazyAdam(0.01),
+        lambda opt, variables: opt.build(variables))
 
 
 @keras3_only

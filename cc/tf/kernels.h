@@ -99,6 +99,38 @@ inline bool HoldsValue(::tensorflow::Var* var) {
   return t->IsInitialized() && (var->is_initialized || t->NumElements() > 0);
 }
 
+// Exclusive locks on many variables, taken in the given order and released (in reverse)
+// when this goes out of scope. A group op runs after the previous step's update streamed
+// every buffer through the caches, so each Var is a cache miss, and each lock or unlock is
+// an atomic that lets no later load start early: the Vars a few places ahead are fetched
+// first (prefetching only computes an address: no Var is read before it is locked).
+class ExclusiveLocks {
+ public:
+  ExclusiveLocks(const std::vector<::tensorflow::Var*>& vars, const std::vector<int64_t>& order)
+      : mutexes_(order.size()) {
+    for (size_t i = 0; i < order.size(); ++i) mutexes_[i] = vars[order[i]]->mu();
+    for (size_t i = 0; i < mutexes_.size(); ++i) {
+      Prefetch(i + kAhead);
+      mutexes_[i]->lock();
+    }
+  }
+  ~ExclusiveLocks() {
+    for (size_t i = mutexes_.size(); i-- > 0;) {
+      if (i >= kAhead) Prefetch(i - kAhead);
+      mutexes_[i]->unlock();
+    }
+  }
+  ExclusiveLocks(const ExclusiveLocks&) = delete;
+  ExclusiveLocks& operator=(const ExclusiveLocks&) = delete;
+
+ private:
+  static constexpr size_t kAhead = 8;
+  void Prefetch(size_t i) const {
+    if (i < mutexes_.size()) __builtin_prefetch(mutexes_[i], 1);
+  }
+  std::vector<::tsl::mutex*> mutexes_;
+};
+
 inline Shape ToShape(const ::tensorflow::TensorShape& s) {
   Shape out(s.dims());
   for (int i = 0; i < s.dims(); ++i) out[i] = s.dim_size(i);
@@ -489,11 +521,13 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
                                              ShapeString(ToShape(t.shape()))));
       hyper[i] = reinterpret_cast<const Storage*>(t.tensor_data().data());
     }
-    // Every variable found, initialized, of dtype T and distinct from all others.
-    std::vector<::tensorflow::core::RefCountPtr<Var>> vars(num_state);
-    std::vector<std::pair<Var*, int64_t>> identities(num_state);
-    const ::tensorflow::DataType want = ::tensorflow::DataTypeToEnum<T>::value;
+    // Every variable found and distinct from all others. The pack (held by `pack`) or
+    // `held` owns them until the end; `lock_order` is their address order.
+    std::vector<Var*> vars(num_state);
+    const std::vector<int64_t>* lock_order = nullptr;
     ::tensorflow::core::RefCountPtr<VariablePack> pack;
+    std::vector<::tensorflow::core::RefCountPtr<Var>> held;
+    std::vector<int64_t> sorted;
     if constexpr (kPacked) {
       const absl::Status found =
           ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, 0), &pack);
@@ -501,64 +535,59 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
                   absl::InvalidArgumentError("pack (" + requested_input(0) +
                                              ") is not a fusedopt member pack: " +
                                              std::string(found.message())));
-      const int64_t held = static_cast<int64_t>(pack->members().size());
-      OP_REQUIRES(ctx, held == num_state,
+      const int64_t size = static_cast<int64_t>(pack->members().size());
+      OP_REQUIRES(ctx, size == num_state,
                   absl::InvalidArgumentError(
-                      "the pack holds " + std::to_string(held) + " variables but " +
+                      "the pack holds " + std::to_string(size) + " variables but " +
                       std::to_string(n_) + " gradients need " + std::to_string(num_state) +
                       " (each variable and its " + std::to_string(kSlots) + " slot(s))"));
-    }
-    for (int64_t j = 0; j < num_state; ++j) {
-      absl::Status found;
-      if constexpr (kPacked) {
-        Var* member = pack->members()[j].get();
-        member->Ref();
-        vars[j].reset(member);
-      } else {
-        found = ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, j), &vars[j]);
+      vars = pack->members();  // distinct: checked when the pack was made
+      lock_order = &pack->lock_order();
+    } else {
+      held.resize(num_state);
+      for (int64_t j = 0; j < num_state; ++j) {
+        const absl::Status found =
+            ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, j), &held[j]);
         OP_REQUIRES(ctx, found.ok(), UninitializedError(ctx, j, found));
+        vars[j] = held[j].get();
       }
-      ::tsl::tf_shared_lock lock(*vars[j]->mu());  // an assign may swap the tensor
-      OP_REQUIRES(ctx, HoldsValue(vars[j].get()), UninitializedError(ctx, j, found));
-      const ::tensorflow::DataType dtype = vars[j]->tensor()->dtype();
-      OP_REQUIRES(ctx, dtype == want,
-                  absl::InvalidArgumentError(StateName(j) + " has dtype " +
-                                             ::tensorflow::DataTypeString(dtype) +
-                                             " but the update is for " +
-                                             ::tensorflow::DataTypeString(want)));
-      identities[j] = {vars[j].get(), j};
+      std::pair<int64_t, int64_t> same;
+      OP_REQUIRES(ctx, AddressOrder(vars, &sorted, &same),
+                  absl::InvalidArgumentError(StateName(same.first) + " and " +
+                                             StateName(same.second) + " are the same variable (" +
+                                             InputName(ctx, same.first) + ", " +
+                                             InputName(ctx, same.second) + "); each needs its own"));
+      lock_order = &sorted;
     }
-    std::sort(identities.begin(), identities.end());
-    for (int64_t j = 1; j < num_state; ++j) {
-      if (identities[j].first != identities[j - 1].first) continue;
-      const int64_t a = identities[j - 1].second, b = identities[j].second;
-      ctx->CtxFailure(absl::InvalidArgumentError(
-          StateName(a) + " and " + StateName(b) + " are the same variable (" +
-          InputName(ctx, a) + ", " + InputName(ctx, b) + "); each needs its own"));
-      return;
-    }
-    // Exclusive locks in address order (`identities` is sorted by Var; each Var has its
-    // own mutex), as TF's helpers take them: no deadlock with TF's ops.
-    std::vector<::tsl::mutex_lock> locks;
-    locks.reserve(num_state);
-    for (const auto& identity : identities) locks.emplace_back(*identity.first->mu());
+    // Exclusive locks in address order, as TF's helpers take them: no deadlock with TF's
+    // ops. Everything below is checked under them, once per member: the update is mostly
+    // the cost of touching each member (its lock, tensor and buffer), which the update's
+    // streaming has evicted from the caches since the last step.
+    const ExclusiveLocks locks(vars, *lock_order);
 
-    std::vector<::tensorflow::Tensor> state(num_state);
+    // Initialized, of dtype T (TF's copy-on-write helper CHECK-fails on another), and the
+    // shapes of each variable's slots and gradient match.
+    const ::tensorflow::DataType want = ::tensorflow::DataTypeToEnum<T>::value;
     Shape hyper_shapes[kHyper > 0 ? kHyper : 1];  // scalars: checked above
     for (int64_t v = 0; v < n_; ++v) {
-      std::array<Shape, 1 + kSlots> shapes;
+      const ::tensorflow::TensorShape& grad_shape = ctx->input(first_grad + v).shape();
+      bool same_shapes = true;
       for (int k = 0; k <= kSlots; ++k) {
         const int64_t j = k * n_ + v;
+        OP_REQUIRES(ctx, HoldsValue(vars[j]), UninitializedError(ctx, j, absl::OkStatus()));
         const ::tensorflow::Tensor* t = vars[j]->tensor();
-        // Re-checked under the lock: the variable may have been reassigned meanwhile.
-        OP_REQUIRES(ctx, HoldsValue(vars[j].get()) && t->dtype() == want,
-                    absl::FailedPreconditionError(StateName(j) + " changed while the update " +
-                                                  "was being prepared (" +
-                                                  InputName(ctx, j) + ")"));
-        shapes[k] = ToShape(t->shape());
+        OP_REQUIRES(ctx, t->dtype() == want,
+                    absl::InvalidArgumentError(StateName(j) + " has dtype " +
+                                               ::tensorflow::DataTypeString(t->dtype()) +
+                                               " but the update is for " +
+                                               ::tensorflow::DataTypeString(want)));
+        same_shapes = same_shapes && t->shape().IsSameSize(grad_shape);
       }
+      if (same_shapes) continue;  // what ValidateDense accepts (hyper: scalars, above)
+      std::array<Shape, 1 + kSlots> shapes;
+      for (int k = 0; k <= kSlots; ++k) shapes[k] = ToShape(vars[k * n_ + v]->tensor()->shape());
       const std::string error = ValidateDense<Rule>(shapes[0], &shapes[1], hyper_shapes,
-                                                    ToShape(ctx->input(first_grad + v).shape()));
+                                                    ToShape(grad_shape));
       OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(GroupMemberError(v, n_, error)));
     }
     // A member's buffers the cache cannot hold together move apart (cc/core/cache_alias.h),
@@ -569,15 +598,17 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
         for (int64_t v = 0; v < n_; ++v) {
           const ::tensorflow::Tensor& grad = ctx->input(first_grad + v);
           if (grad.TotalBytes() < static_cast<size_t>(kMinSeparatedBytes)) continue;
-          for (int k = 0; k <= kSlots; ++k) member[k] = vars[k * n_ + v].get();
+          for (int k = 0; k <= kSlots; ++k) member[k] = vars[k * n_ + v];
           SeparateAliasedBuffers(ctx, member.data(), 1 + kSlots, grad.tensor_data().data(),
                                  static_cast<int64_t>(grad.TotalBytes()));
         }
       }
     }
-    // Copy-on-write (a read still holds the buffer): the values stay as they are.
+    // Copy-on-write (a read still holds the buffer): the values stay as they are. Then
+    // each member's buffer, which stays its own while the locks are held.
+    std::vector<Storage*> state(num_state);
     for (int64_t j = 0; j < num_state; ++j) {
-      Var* var = vars[j].get();
+      Var* var = vars[j];
 #ifdef FUSEDOPT_CUDA
       if constexpr (kGpu) {
         if (var->copy_on_read_mode.load() || !var->tensor()->RefCountIsOne()) {
@@ -589,17 +620,18 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
         OP_REQUIRES_OK(ctx, (::tensorflow::PrepareToUpdateVariable<CPUDevice, T>(
                                 ctx, var->tensor(), var->copy_on_read_mode.load())));
       }
+      state[j] = Data(*var->tensor());
     }
-    for (int64_t j = 0; j < num_state; ++j) state[j] = *vars[j]->tensor();
 
     const auto params = PrepareParams<Rule, Storage>(hyper.data(), options_.data());
     std::vector<DenseTensor<Rule, Storage>> tensors(n_);
     for (int64_t v = 0; v < n_; ++v) {
       DenseTensor<Rule, Storage>& x = tensors[v];
-      x.var = Data(state[v]);
-      for (int k = 0; k < kSlots; ++k) x.slots[k] = Data(state[(k + 1) * n_ + v]);
-      x.grad = reinterpret_cast<const Storage*>(ctx->input(first_grad + v).tensor_data().data());
-      x.n = state[v].NumElements();
+      const ::tensorflow::Tensor& grad = ctx->input(first_grad + v);
+      x.var = state[v];
+      for (int k = 0; k < kSlots; ++k) x.slots[k] = state[(k + 1) * n_ + v];
+      x.grad = reinterpret_cast<const Storage*>(grad.tensor_data().data());
+      x.n = grad.NumElements();  // the variable's: validated above
     }
 #ifdef FUSEDOPT_CUDA
     if constexpr (kGpu) {

@@ -1,7 +1,6 @@
 // FusedOpt>VariablePack and its kernels (see variable_pack.h).
 #include "cc/tf/variable_pack.h"
 
-#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,7 +20,7 @@ class VariablePackOp : public ::tensorflow::OpKernel {
   void Compute(::tensorflow::OpKernelContext* ctx) override {
     const int n = ctx->num_inputs();
     std::vector<::tensorflow::core::RefCountPtr<::tensorflow::Var>> members(n);
-    std::vector<std::pair<::tensorflow::Var*, int>> order(n);
+    std::vector<::tensorflow::Var*> vars(n);
     for (int j = 0; j < n; ++j) {
       const absl::Status found = ::tensorflow::LookupResource(
           ctx, ::tensorflow::HandleFromInput(ctx, j), &members[j]);
@@ -29,18 +28,16 @@ class VariablePackOp : public ::tensorflow::OpKernel {
                   absl::FailedPreconditionError(
                       "members[" + std::to_string(j) + "] (" + requested_input(j) +
                       ") is not a live resource variable: " + std::string(found.message())));
-      order[j] = {members[j].get(), j};
+      vars[j] = members[j].get();
     }
-    std::sort(order.begin(), order.end());
-    for (int j = 1; j < n; ++j) {
-      if (order[j].first != order[j - 1].first) continue;
-      const int a = order[j - 1].second, b = order[j].second;
-      ctx->CtxFailure(absl::InvalidArgumentError(
-          "members[" + std::to_string(a) + "] and members[" + std::to_string(b) +
-          "] are the same variable (" + requested_input(a) + ", " + requested_input(b) +
-          "); each needs its own"));
-      return;
-    }
+    std::vector<int64_t> lock_order;
+    std::pair<int64_t, int64_t> same;
+    OP_REQUIRES(ctx, AddressOrder(vars, &lock_order, &same),
+                absl::InvalidArgumentError(
+                    "members[" + std::to_string(same.first) + "] and members[" +
+                    std::to_string(same.second) + "] are the same variable (" +
+                    requested_input(same.first) + ", " + requested_input(same.second) +
+                    "); each needs its own"));
     ::tensorflow::Tensor* out = nullptr;
     ::tensorflow::AllocatorAttributes on_host;
     on_host.set_on_host(true);
@@ -48,7 +45,8 @@ class VariablePackOp : public ::tensorflow::OpKernel {
     // A new resource has one reference, which the handle takes over.
     out->scalar<::tensorflow::ResourceHandle>()() =
         ::tensorflow::ResourceHandle::MakeRefCountingHandle<VariablePack>(
-            new VariablePack(std::move(members)), ctx->device()->name());
+            new VariablePack(std::move(members), std::move(lock_order)),
+            ctx->device()->name());
   }
 };
 

@@ -13,7 +13,11 @@
 #ifndef FUSEDOPT_CC_TF_VARIABLE_PACK_H_
 #define FUSEDOPT_CC_TF_VARIABLE_PACK_H_
 
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tensorflow/core/framework/resource_mgr.h"
@@ -22,15 +26,41 @@
 namespace fusedopt {
 namespace tf {
 
+// The positions 0..n-1 of `vars` sorted by address: the order TF's helpers lock
+// variables in (each Var has its own mutex), so locking in it cannot deadlock with them.
+// False, with `duplicate` = (a, b), a < b, when vars[a] and vars[b] are the same variable.
+inline bool AddressOrder(const std::vector<::tensorflow::Var*>& vars,
+                         std::vector<int64_t>* order, std::pair<int64_t, int64_t>* duplicate) {
+  order->resize(vars.size());
+  std::iota(order->begin(), order->end(), int64_t{0});
+  std::sort(order->begin(), order->end(), [&](int64_t a, int64_t b) {
+    return vars[a] != vars[b] ? vars[a] < vars[b] : a < b;
+  });
+  for (size_t i = 1; i < order->size(); ++i) {
+    const int64_t a = (*order)[i - 1], b = (*order)[i];
+    if (vars[a] == vars[b]) {
+      *duplicate = {a, b};
+      return false;
+    }
+  }
+  return true;
+}
+
 class VariablePack : public ::tensorflow::ResourceBase {
  public:
-  explicit VariablePack(std::vector<::tensorflow::core::RefCountPtr<::tensorflow::Var>> members)
-      : members_(std::move(members)) {}
-
-  // In the op's input order: every var, then each slot's N variables.
-  const std::vector<::tensorflow::core::RefCountPtr<::tensorflow::Var>>& members() const {
-    return members_;
+  // `members` distinct; `lock_order` their AddressOrder.
+  VariablePack(std::vector<::tensorflow::core::RefCountPtr<::tensorflow::Var>> members,
+               std::vector<int64_t> lock_order)
+      : members_(std::move(members)), lock_order_(std::move(lock_order)) {
+    for (const auto& member : members_) vars_.push_back(member.get());
   }
+
+  // In the op's input order: every var, then each slot's N variables. The pack holds a
+  // reference to each: they live while it does.
+  const std::vector<::tensorflow::Var*>& members() const { return vars_; }
+
+  // Positions in members() by address, computed once: each step locks in this order.
+  const std::vector<int64_t>& lock_order() const { return lock_order_; }
 
   std::string DebugString() const override {
     return "fusedopt VariablePack of " + std::to_string(members_.size()) + " variables";
@@ -38,6 +68,8 @@ class VariablePack : public ::tensorflow::ResourceBase {
 
  private:
   const std::vector<::tensorflow::core::RefCountPtr<::tensorflow::Var>> members_;
+  const std::vector<int64_t> lock_order_;
+  std::vector<::tensorflow::Var*> vars_;
 };
 
 }  // namespace tf

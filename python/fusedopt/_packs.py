@@ -60,9 +60,13 @@ def _forget(key, entry):
 class _Pack(tf.saved_model.experimental.TrackableResource):
     """One ``FusedOpt>VariablePack`` of ``members`` (``tf.Variable`` objects, op order)."""
 
-    def __init__(self, members, device):
+    def __init__(self, members, device, dependencies=None):
         super().__init__(device=device)
         self._members = tuple(members)
+        # The members a SavedModel lists as the pack's dependencies: all but those the
+        # optimizer tracks itself as slot variables (Keras 2's, which may be no other
+        # object's dependency). Either way they are restored before the pack is re-made.
+        self._dependencies = tuple(members if dependencies is None else dependencies)
 
     def _create_resource(self):
         return ops.variable_pack(list(self._members))
@@ -72,7 +76,7 @@ class _Pack(tf.saved_model.experimental.TrackableResource):
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         children = super()._trackable_children(save_type, **kwargs)
         if save_type == "savedmodel":
-            children.update({"member_%d" % i: m for i, m in enumerate(self._members)})
+            children.update({"member_%d" % i: m for i, m in enumerate(self._dependencies)})
         return children
 
     def _deserialization_dependencies(self, children):
@@ -96,18 +100,21 @@ class _Pack(tf.saved_model.experimental.TrackableResource):
 class PackCache:
     """An optimizer's packs, by members and device (least recently used dropped first)."""
 
-    def __init__(self):
+    def __init__(self, is_slot_variable=None):
         self._packs = collections.OrderedDict()
+        self._is_slot_variable = is_slot_variable or (lambda variable: False)
 
     def packs(self):
         return list(self._packs.values())
 
     def handle(self, members, device):
+        # A cached pack holds its members: their ids cannot be reused while it is here.
         key = (tuple(id(m) for m in members), device)
         pack = self._packs.get(key)
-        if pack is None or any(a is not b for a, b in zip(pack._members, members)):
+        if pack is None:
             with tf.init_scope(), tf.device(device or None):
-                pack = _Pack(members, device)
+                pack = _Pack(members, device,
+                             [m for m in members if not self._is_slot_variable(m)])
                 handle = pack.handle()
             self._packs[key] = pack
             while len(self._packs) > MAX_PACKS:
@@ -116,6 +123,34 @@ class PackCache:
             self._packs.move_to_end(key)
             handle = pack.handle()
         return handle
+
+
+class PacksOfOptimizer:
+    """Mixin for the optimizer front ends: the optimizer's ``PackCache``, and its packs as
+    SavedModel children (never in checkpoints)."""
+
+    def _fused_packs(self):
+        # Not an attribute Keras or tf.train.Checkpoint would track: packs hold no state,
+        # and a checkpoint must not depend on which groups a step happened to pack.
+        cache = self.__dict__.get("_fusedopt_pack_cache")
+        if cache is None:
+            cache = self.__dict__["_fusedopt_pack_cache"] = PackCache(self._fused_is_slot_variable)
+        return cache
+
+    def _fused_is_slot_variable(self, variable):
+        """Whether the optimizer tracks `variable` as a slot variable (checkpoint slot
+        variables: Keras 2's); Keras 3's slots are plain tracked variables."""
+        return False
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        # A SavedModel of a step function that captured a pack needs the pack (it is
+        # re-created from the restored variables on load).
+        children = super()._trackable_children(save_type, **kwargs)
+        cache = self.__dict__.get("_fusedopt_pack_cache")
+        if save_type == "savedmodel" and cache is not None:
+            for i, pack in enumerate(cache.packs()):
+                children["_fusedopt_pack_%d" % i] = pack
+        return children
 
 
 def packable(variables):
@@ -145,8 +180,7 @@ def _captures(graph):
         return cached
     captures = list(getattr(graph, "captures", ()))
     external_of = {tf_ops.tensor_id(internal): external for external, internal in captures}
-    _capture_maps[graph] = (stamp, external_of, {})  # _root below reads external_of
-    by_root = {}
+    by_root = {}  # (_root reads only outer graphs' maps: externals are never in `graph`)
     for external, internal in captures:
         by_root.setdefault(id(_root(external)), []).append(internal)
     cached = (stamp, external_of, by_root)

@@ -29,7 +29,7 @@ def _value(x):
     return x() if callable(x) else x
 
 
-class _FusedUpdate:
+class _FusedUpdate(_packs.PacksOfOptimizer):
     """Mixin: the fused ``update_step`` of a ``Keras`` spec (Keras 3 and Keras 2.15 bases)."""
 
     _fused_rule = None
@@ -109,24 +109,6 @@ class _FusedUpdate:
                 lambda var: self._hyper(var, learning_rate), spec.options,
                 packs=self._fused_packs())
         return super()._distributed_tf_update_step(distribution, rest, learning_rate)
-
-    def _fused_packs(self):
-        # Not an attribute Keras or tf.train.Checkpoint would track: packs hold no state,
-        # and a checkpoint must not depend on which groups a step happened to pack.
-        cache = self.__dict__.get("_fusedopt_pack_cache")
-        if cache is None:
-            cache = self.__dict__["_fusedopt_pack_cache"] = _packs.PackCache()
-        return cache
-
-    def _trackable_children(self, save_type="checkpoint", **kwargs):
-        # A SavedModel of a step function that captured a pack needs the pack (it is
-        # re-created from the restored variables on load).
-        children = super()._trackable_children(save_type, **kwargs)
-        cache = self.__dict__.get("_fusedopt_pack_cache")
-        if save_type == "savedmodel" and cache is not None:
-            for i, pack in enumerate(cache.packs()):
-                children["_fusedopt_pack_%d" % i] = pack
-        return children
 
     def _fused(self, rule, variable, slots, gradient, hyper, options=None):
         return _dispatch.apply(rule, variable, slots, gradient, hyper, options,

@@ -17,7 +17,7 @@ Adagrad's epsilon outside the square root); sparse gradients update only touched
 import tensorflow as tf
 
 from fusedopt import rules as _rules
-from fusedopt import _dispatch
+from fusedopt import _dispatch, _packs
 
 
 def _keras2():
@@ -37,7 +37,7 @@ _legacy = _keras.optimizers.legacy
 _register = _keras.utils.register_keras_serializable(package="fusedopt.legacy")
 
 
-class _FusedApply:
+class _FusedApply(_packs.PacksOfOptimizer):
     """Mixin: fused dense and sparse resource updates of a ``Legacy`` spec, for
     OptimizerV2 subclasses (the class's ``_fused_spec``)."""
 
@@ -65,7 +65,8 @@ class _FusedApply:
     # OptimizerV2 applies each variable in turn; the dense gradients of resource variables
     # without a constraint go to one group op per (device, dtype) first (apply_state's
     # coefficients are per (device, dtype) too), the rest through the base's loop, whose
-    # iterations increment then waits for the group ops. Not under a tf.distribute
+    # iterations increment then waits for the group ops; in TF2 functions on member packs
+    # (fusedopt/_packs.py: one captured handle for a group). Not under a tf.distribute
     # strategy (its update() runs per replica).
     def _distributed_apply(self, distribution, grads_and_vars, apply_state, name):
         if (self._keeps_own_update() or self._fused_composed or tf.distribute.has_strategy()
@@ -83,9 +84,15 @@ class _FusedApply:
             lambda var: {name: c for name, c in zip(
                 spec.hyper, (self._coefficients(var, apply_state)[key]
                              for key in spec.hyper.values()))},
-            spec.options, use_locking=self._use_locking) if grouped else []
+            spec.options, use_locking=self._use_locking,
+            packs=self._fused_packs()) if grouped else []
         with tf.control_dependencies(group_ops):
             return super()._distributed_apply(distribution, rest, apply_state, name)
+
+    def _fused_is_slot_variable(self, variable):
+        # OptimizerV2 tracks its slots as checkpoint slot variables, which no other object
+        # may list as a dependency (the member packs' SavedModel dependencies skip them).
+        return any(variable is slot for slots in self._slots.values() for slot in slots.values())
 
     def _resource_apply_dense(self, grad, var, apply_state=None):
         if self._keeps_own_update():
