@@ -107,17 +107,17 @@ inline bool HoldsValue(::tensorflow::Var* var) {
 class ExclusiveLocks {
  public:
   ExclusiveLocks(const std::vector<::tensorflow::Var*>& vars, const std::vector<int64_t>& order)
-      : mutexes_(order.size()) {
-    for (size_t i = 0; i < order.size(); ++i) mutexes_[i] = vars[order[i]]->mu();
-    for (size_t i = 0; i < mutexes_.size(); ++i) {
+      : vars_(order.size()) {
+    for (size_t i = 0; i < order.size(); ++i) vars_[i] = vars[order[i]];
+    for (size_t i = 0; i < vars_.size(); ++i) {
       Prefetch(i + kAhead);
-      mutexes_[i]->lock();
+      vars_[i]->mu()->lock();
     }
   }
   ~ExclusiveLocks() {
-    for (size_t i = mutexes_.size(); i-- > 0;) {
+    for (size_t i = vars_.size(); i-- > 0;) {
       if (i >= kAhead) Prefetch(i - kAhead);
-      mutexes_[i]->unlock();
+      vars_[i]->mu()->unlock();
     }
   }
   ExclusiveLocks(const ExclusiveLocks&) = delete;
@@ -126,9 +126,9 @@ class ExclusiveLocks {
  private:
   static constexpr size_t kAhead = 8;
   void Prefetch(size_t i) const {
-    if (i < mutexes_.size()) __builtin_prefetch(mutexes_[i], 1);
+    if (i < vars_.size()) __builtin_prefetch(vars_[i]->mu(), 1);
   }
-  std::vector<::tsl::mutex*> mutexes_;
+  std::vector<::tensorflow::Var*> vars_;  // in locking order
 };
 
 inline Shape ToShape(const ::tensorflow::TensorShape& s) {
