@@ -100,9 +100,9 @@ class _Pack(tf.saved_model.experimental.TrackableResource):
 class PackCache:
     """An optimizer's packs, by members and device (least recently used dropped first)."""
 
-    def __init__(self, is_slot_variable=None):
+    def __init__(self, slot_variables=None):
         self._packs = collections.OrderedDict()
-        self._is_slot_variable = is_slot_variable or (lambda variable: False)
+        self._slot_variables = slot_variables or (lambda: ())
 
     def packs(self):
         return list(self._packs.values())
@@ -113,8 +113,8 @@ class PackCache:
         pack = self._packs.get(key)
         if pack is None:
             with tf.init_scope(), tf.device(device or None):
-                pack = _Pack(members, device,
-                             [m for m in members if not self._is_slot_variable(m)])
+                slots = {id(v) for v in self._slot_variables()}
+                pack = _Pack(members, device, [m for m in members if id(m) not in slots])
                 handle = pack.handle()
             self._packs[key] = pack
             while len(self._packs) > MAX_PACKS:
@@ -134,13 +134,13 @@ class PacksOfOptimizer:
         # and a checkpoint must not depend on which groups a step happened to pack.
         cache = self.__dict__.get("_fusedopt_pack_cache")
         if cache is None:
-            cache = self.__dict__["_fusedopt_pack_cache"] = PackCache(self._fused_is_slot_variable)
+            cache = self.__dict__["_fusedopt_pack_cache"] = PackCache(self._fused_slot_variables)
         return cache
 
-    def _fused_is_slot_variable(self, variable):
-        """Whether the optimizer tracks `variable` as a slot variable (checkpoint slot
-        variables: Keras 2's); Keras 3's slots are plain tracked variables."""
-        return False
+    def _fused_slot_variables(self):
+        """The variables the optimizer tracks as checkpoint slot variables (Keras 2's);
+        Keras 3's slots are plain tracked variables."""
+        return ()
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         # A SavedModel of a step function that captured a pack needs the pack (it is

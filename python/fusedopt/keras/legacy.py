@@ -89,10 +89,10 @@ class _FusedApply(_packs.PacksOfOptimizer):
         with tf.control_dependencies(group_ops):
             return super()._distributed_apply(distribution, rest, apply_state, name)
 
-    def _fused_is_slot_variable(self, variable):
+    def _fused_slot_variables(self):
         # OptimizerV2 tracks its slots as checkpoint slot variables, which no other object
         # may list as a dependency (the member packs' SavedModel dependencies skip them).
-        return any(variable is slot for slots in self._slots.values() for slot in slots.values())
+        return [slot for slots in self._slots.values() for slot in slots.values()]
 
     def _resource_apply_dense(self, grad, var, apply_state=None):
         if self._keeps_own_update():
