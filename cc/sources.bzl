@@ -40,6 +40,8 @@ GPU_SRCS = [
 TF_HDRS = [
     "cc/tf/op_defs.h",
     "cc/tf/kernels.h",
+    "cc/tf/cpu_executor.h",
+    "cc/tf/variable_access.h",
     "cc/tf/separate_buffers.h",
     "cc/tf/variable_pack.h",
     "cc/tf/gpu_variables.h",  # used only with FUSEDOPT_CUDA

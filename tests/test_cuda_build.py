@@ -138,3 +138,27 @@ except ValueError as e:
     lines = out.strip().splitlines()
     assert lines[0] == "0"  # no GPU on this machine (CUDA_VISIBLE_DEVICES="")
     assert lines[1].startswith("ValueError var is not CUDA memory")
+
+
+def test_cuda_core_module_refuses_arrays_not_aligned_to_their_elements(pkg):
+    # Checked before any CUDA call (a misaligned load would be a sticky CUDA error).
+    out = run_in(pkg, """
+from fusedopt import _core_cuda
+arr = lambda ptr, typestr="<f4": {"data": (ptr, False), "shape": (4,), "typestr": typestr}
+calls = [
+    lambda: _core_cuda.apply_dense("adagrad", arr(4098), [arr(8192)], arr(12288), {}),
+    lambda: _core_cuda.apply_dense("adagrad", arr(4096), [arr(8193)], arr(12288), {}),
+    lambda: _core_cuda.apply_dense("adagrad", arr(4096), [arr(8192)], arr(12290), {}),
+    lambda: _core_cuda.apply_sparse("adagrad", arr(4096), [arr(8192)], arr(12288),
+                                    arr(16388, "<i8"), {}),
+]
+for call in calls:
+    try:
+        call()
+    except ValueError as e:
+        print(e)
+""")
+    assert out.strip().splitlines() == [
+        "var is not aligned to its 4-byte elements", "slot is not aligned to its 4-byte elements",
+        "grad is not aligned to its 4-byte elements",
+        "indices is not aligned to its 8-byte elements"]

@@ -63,6 +63,10 @@ DeviceArray FromInterface(const py::handle& obj, const char* what) {
   const py::tuple data = d["data"].cast<py::tuple>();
   a.data = reinterpret_cast<void*>(data[0].cast<uintptr_t>());
   a.readonly = data[1].cast<bool>();
+  // Every load of the kernels assumes it (a misaligned one is a sticky CUDA error).
+  const int item = ItemSize(a.typestr);
+  Require(item <= 1 || reinterpret_cast<uintptr_t>(a.data) % static_cast<uintptr_t>(item) == 0,
+          std::string(what) + " is not aligned to its " + std::to_string(item) + "-byte elements");
   Require(!d.contains("mask") || d["mask"].is_none(), std::string(what) + " must not be masked");
   if (d.contains("strides") && !d["strides"].is_none()) {
     // C-contiguous, ignoring the strides of dimensions of size 1.

@@ -1,30 +1,19 @@
-// Variable access for the GPU kernels (built only with FUSEDOPT_CUDA).
-//
-// TF's helpers in training_op_helpers.h (MaybeLockVariableInputMutexesInOrder,
-// GetInputTensorFromVariable) copy variables with functor::DenseUpdate<GPUDevice, T>,
-// whose symbols exist only in TF's CUDA builds: a library that instantiates them fails
-// to load in tensorflow-cpu. These are the same helpers with the same locking and
-// copy-on-write/copy-on-read rules, copying with cudaMemcpyAsync on the op's stream
-// (the core's CopyDeviceToDevice) instead, so the CUDA-built library loads everywhere.
+// What the GPU kernels need of TF (built only with FUSEDOPT_CUDA): the op's stream, scratch
+// memory, and the variable copy of variable_access.h. TF's own copy,
+// functor::DenseUpdate<GPUDevice, T>, exists only in TF's CUDA builds: a library that
+// instantiated it would fail to load in tensorflow-cpu. This one is cudaMemcpyAsync on the
+// op's stream (the core's CopyDeviceToDevice), so the CUDA-built library loads everywhere.
 #ifndef FUSEDOPT_CC_TF_GPU_VARIABLES_H_
 #define FUSEDOPT_CC_TF_GPU_VARIABLES_H_
 
-#include <algorithm>
-#include <memory>
-#include <string>
 #include <vector>
 
 #include "cc/core/gpu/engine_gpu.h"
+#include "cc/tf/variable_access.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
-#include "tensorflow/core/kernels/training_op_helpers.h"
 #include "tensorflow/core/common_runtime/device/device_event_mgr.h"
 #include "xla/stream_executor/stream.h"
-
-// tsl::mutex is deprecated in favour of absl::Mutex, but it is what Var and the ref inputs
-// hold (TF's own helpers use it too; their header is a system header, so it stays quiet).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 
 namespace fusedopt {
 namespace tf {
@@ -96,97 +85,15 @@ inline absl::Status CopyTensorOnGpu(::tensorflow::OpKernelContext* ctx,
   return absl::OkStatus();
 }
 
-// TF's EnsureSparseVariableAccess with the copy on the GPU.
-inline absl::Status EnsureSparseVariableAccessGpu(::tensorflow::OpKernelContext* ctx,
-                                                  ::tensorflow::Var* var) {
-  if (var->copy_on_read_mode.load()) return absl::OkStatus();
-  tsl::mutex_lock ml(*var->mu());
-  if (var->copy_on_read_mode.load()) return absl::OkStatus();
-  if (!var->tensor()->RefCountIsOne()) {
-    TF_RETURN_IF_ERROR(CopyTensorOnGpu(ctx, var->tensor()));
+// The GPU's copy for variable_access.h.
+template <>
+struct VariableCopy<GpuDeviceTag> {
+  static absl::Status Run(::tensorflow::OpKernelContext* ctx, ::tensorflow::Tensor* tensor) {
+    return CopyTensorOnGpu(ctx, tensor);
   }
-  var->copy_on_read_mode.store(true);
-  return absl::OkStatus();
-}
-
-// TF's MaybeLockVariableInputMutexesInOrder with the GPU copy above.
-template <typename T>
-::tensorflow::VariableInputLockHolder MaybeLockVariableInputMutexesInOrderGpu(
-    ::tensorflow::OpKernelContext* ctx, bool do_lock, bool sparse,
-    const std::vector<int>& input_ids) {
-  using ::tensorflow::VariableInputLockHolder;
-  bool any_resource = false;
-  for (int i : input_ids) any_resource |= ctx->input_dtype(i) == ::tensorflow::DT_RESOURCE;
-  if (!do_lock && !any_resource) return VariableInputLockHolder({}, {}, {});
-  std::vector<::tensorflow::Var*> vars;
-  std::vector<tsl::mutex*> mutexes;
-  std::vector<int> acquire_order;
-  for (int input : input_ids) {
-    ::tensorflow::Var* var;
-    // Device-independent template body: the CPU instantiation is the one TF ships.
-    tsl::mutex* mutex =
-        ::tensorflow::GetTrainingVariableMutex<Eigen::ThreadPoolDevice, T>(ctx, input, &var);
-    if (var) vars.push_back(var);
-    if (std::find(mutexes.begin(), mutexes.end(), mutex) == mutexes.end()) {
-      acquire_order.push_back(static_cast<int>(mutexes.size()));
-      mutexes.push_back(mutex);
-    }
-  }
-  if (sparse) {
-    // TF's helper CHECK-fails here; a failed copy (out of memory) is the op's error instead.
-    for (::tensorflow::Var* var : vars) {
-      const absl::Status status = EnsureSparseVariableAccessGpu(ctx, var);
-      if (!status.ok()) {
-        ctx->SetStatus(status);
-        return VariableInputLockHolder({}, {}, {});
-      }
-    }
-  }
-  std::sort(acquire_order.begin(), acquire_order.end(),
-            [&mutexes](int a, int b) { return mutexes[a] < mutexes[b]; });
-  auto locks = std::make_unique<std::vector<tsl::mutex_lock>>();
-  auto shared_locks = std::make_unique<std::vector<tsl::tf_shared_lock>>();
-  locks->reserve(acquire_order.size());
-  for (int acquire : acquire_order) {
-    tsl::mutex* mu = mutexes[acquire];
-    if (mu == nullptr) continue;
-    if (!sparse || do_lock) {
-      locks->emplace_back(*mu);
-    } else {
-      shared_locks->emplace_back(*mu);
-    }
-  }
-  return VariableInputLockHolder(vars, std::move(locks), std::move(shared_locks));
-}
-
-// TF's GetInputTensorFromVariable with the GPU copy-on-write.
-inline absl::Status GetInputTensorFromVariableGpu(::tensorflow::OpKernelContext* ctx, int input,
-                                                  bool lock_held, bool sparse,
-                                                  ::tensorflow::Tensor* out) {
-  if (ctx->input_dtype(input) == ::tensorflow::DT_RESOURCE) {
-    ::tensorflow::core::RefCountPtr<::tensorflow::Var> var;
-    TF_RETURN_IF_ERROR(
-        ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, input), &var));
-    // The caller holds var's lock (MaybeLockVariableInputMutexesInOrderGpu): shared for sparse
-    // updates without use_locking, else exclusive. (No mutex assertions: TF 2.15's tsl::mutex
-    // has none.)
-    if (sparse) {
-      *out = *var->tensor();
-      return absl::OkStatus();
-    }
-    if (var->copy_on_read_mode.load() || !var->tensor()->RefCountIsOne()) {
-      TF_RETURN_IF_ERROR(CopyTensorOnGpu(ctx, var->tensor()));
-    }
-    *out = *var->tensor();
-    return absl::OkStatus();
-  }
-  *out = ctx->mutable_input(input, lock_held);
-  return absl::OkStatus();
-}
+};
 
 }  // namespace tf
 }  // namespace fusedopt
-
-#pragma GCC diagnostic pop
 
 #endif  // FUSEDOPT_CC_TF_GPU_VARIABLES_H_

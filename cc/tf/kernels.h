@@ -11,7 +11,7 @@
 #ifndef FUSEDOPT_CC_TF_KERNELS_H_
 #define FUSEDOPT_CC_TF_KERNELS_H_
 
-// TF copies variables with Eigen on the CPU device (copy-on-write/read).
+// Eigen::ThreadPoolDevice (CPUDevice, the CPU kernels' Device tag) in full.
 #define EIGEN_USE_THREADS
 
 #include <algorithm>
@@ -26,13 +26,13 @@
 #include "cc/core/engine.h"
 #include "cc/core/validate.h"
 #include "cc/tf/op_defs.h"
+#include "cc/tf/cpu_executor.h"
 #include "cc/tf/separate_buffers.h"
+#include "cc/tf/variable_access.h"
 #include "cc/tf/variable_pack.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
 #include "tensorflow/core/framework/tensor.h"
-#include "tensorflow/core/kernels/training_op_helpers.h"
-#include "tensorflow/core/util/work_sharder.h"
 #ifdef FUSEDOPT_CUDA
 #include "cc/core/gpu/engine_gpu.h"
 #include "cc/tf/gpu_variables.h"
@@ -43,8 +43,6 @@ namespace gpu {
 struct IndexCheck;  // engine_gpu.h (CUDA builds)
 }  // namespace gpu
 namespace tf {
-
-using CPUDevice = Eigen::ThreadPoolDevice;
 
 // TF element type -> the core's layout-compatible storage type.
 template <typename T>
@@ -61,35 +59,6 @@ struct StorageOf<::tensorflow::bfloat16> {
 };
 static_assert(sizeof(Eigen::half) == sizeof(half_t), "half layout");
 static_assert(sizeof(::tensorflow::bfloat16) == sizeof(bfloat16_t), "bfloat16 layout");
-
-// TF's intra-op CPU thread pool as a core Executor.
-//
-// Large jobs (memory-bound streams) get one contiguous piece per pool thread, claimed by
-// the pool and the calling thread (RunClaimingPieces): each thread streams one range.
-// Shard's cost model cuts them into many blocks and runs the calling thread beside every
-// pool thread, one thread more than the pool (and, with the pool sized to the cores, than
-// the cores); measured 8-15 % slower on a 16M-parameter dense step.
-class TfCpuExecutor final : public Executor {
- public:
-  explicit TfCpuExecutor(::tensorflow::OpKernelContext* ctx)
-      : workers_(ctx->device()->tensorflow_cpu_worker_threads()) {}
-  void ParallelFor(int64_t n, int64_t cost_per_unit, const Block& fn) override {
-    const int64_t threads = workers_->num_threads;
-    if (threads < 2 || n < threads || n * cost_per_unit < kStaticSplitCycles) {
-      ::tensorflow::Shard(workers_->num_threads, workers_->workers, n, cost_per_unit, fn);
-      return;
-    }
-    RunClaimingPieces(
-        n, threads, threads - 1,
-        [this](std::function<void()> task) { workers_->workers->Schedule(std::move(task)); },
-        fn);
-  }
-
- private:
-  // Below this much work (cycles) Shard decides, small jobs staying on the calling thread.
-  static constexpr int64_t kStaticSplitCycles = int64_t{1} << 24;
-  const ::tensorflow::DeviceBase::CpuWorkerThreads* workers_;
-};
 
 // Whether a resource variable holds a value. A Var made but never assigned (e.g. TF's
 // UninitializedVariable) holds an empty tensor, which Tensor::IsInitialized() counts as
@@ -226,6 +195,17 @@ class FusedApply {
                                   grad_shape);
     }
     OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(error));
+    // Memory adopted from outside TF may not be aligned to its elements (variable_access.h).
+    for (int i = 0; i <= kSlots; ++i) {
+      OP_REQUIRES_OK(ctx, RequireElementAligned(StateName(i), state[i]));
+    }
+    for (int i = 0; i < kHyper; ++i) {
+      OP_REQUIRES_OK(ctx, RequireElementAligned(Rule::kHyper[i], ctx->input(1 + kSlots + i)));
+    }
+    OP_REQUIRES_OK(ctx, RequireElementAligned("grad", grad));
+    if constexpr (kSparse) {
+      OP_REQUIRES_OK(ctx, RequireElementAligned("indices", ctx->input(kGradInput + 1)));
+    }
 
     const auto params = PrepareParams<Rule, Storage>(hyper.data(), options_.data());
     Storage* var = Data(state[0]);
@@ -267,7 +247,9 @@ class FusedApply {
         const int64_t row_size = num_rows == 0 ? 0 : state[0].NumElements() / num_rows;
         // ApplySparse checks every index before it writes anything.
         error = ApplySparse<Rule, Storage, Index>(params, var, slots.data(), num_rows, row_size,
-                                                  grad_data, indices.flat<Index>().data(),
+                                                  grad_data,
+                                                  reinterpret_cast<const Index*>(
+                                                      indices.tensor_data().data()),
                                                   indices.NumElements(), executor);
         OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(error));
       } else {
@@ -280,10 +262,9 @@ class FusedApply {
   }
 
  private:
-  // Runs before any TF helper touches a variable. TF's copy-on-write/read helpers copy
-  // with the op's T and CHECK-fail (abort the process) on a variable of another dtype, so
-  // every variable's dtype is checked here, from the variable itself. And a variable
-  // passed twice would be copied apart by copy-on-write or updated as var and slot at once.
+  // Runs before anything touches a variable's buffer: every variable's dtype, from the
+  // variable itself (the engine reads the buffer as T). And a variable passed twice would
+  // be copied apart by copy-on-write or updated as var and slot at once.
   // (A variable deleted or uninitialized since the lookups above reads as uninitialized.)
   // `held` receives the resource variables (null for ref inputs).
   absl::Status CheckStateInputs(
@@ -376,28 +357,12 @@ class FusedApply {
 
   ::tensorflow::VariableInputLockHolder LockVariables(::tensorflow::OpKernelContext* ctx,
                                                       const std::vector<int>& inputs) {
-#ifdef FUSEDOPT_CUDA
-    if constexpr (kGpu) {
-      return MaybeLockVariableInputMutexesInOrderGpu<T>(ctx, use_exclusive_lock_, kSparse, inputs);
-    } else  // NOLINT: the CPU helpers must not be instantiated for the GPU tag
-#endif
-    {
-      return ::tensorflow::MaybeLockVariableInputMutexesInOrder<Device, T>(
-          ctx, use_exclusive_lock_, kSparse, inputs);
-    }
+    return LockVariableInputs<Device, T>(ctx, use_exclusive_lock_, kSparse, inputs);
   }
 
   absl::Status GetVariable(::tensorflow::OpKernelContext* ctx, int input,
                            ::tensorflow::Tensor* out) {
-#ifdef FUSEDOPT_CUDA
-    if constexpr (kGpu) {
-      return GetInputTensorFromVariableGpu(ctx, input, use_exclusive_lock_, kSparse, out);
-    } else  // NOLINT
-#endif
-    {
-      return ::tensorflow::GetInputTensorFromVariable<Device, T>(ctx, input, use_exclusive_lock_,
-                                                                 kSparse, out);
-    }
+    return VariableForUpdate<Device>(ctx, input, use_exclusive_lock_, kSparse, out);
   }
 
   static absl::Status UninitializedError(::tensorflow::OpKernelContext* ctx, int input,
@@ -519,6 +484,7 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
                   absl::InvalidArgumentError(std::string(Rule::kHyper[i]) +
                                              " must be a scalar, got shape " +
                                              ShapeString(ToShape(t.shape()))));
+      OP_REQUIRES_OK(ctx, RequireElementAligned(Rule::kHyper[i], t));
       hyper[i] = reinterpret_cast<const Storage*>(t.tensor_data().data());
     }
     // Every variable found and distinct from all others. The pack (held by `pack`) or
@@ -565,12 +531,16 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
     // streaming has evicted from the caches since the last step.
     const ExclusiveLocks locks(vars, *lock_order);
 
-    // Initialized, of dtype T (TF's copy-on-write helper CHECK-fails on another), and the
-    // shapes of each variable's slots and gradient match.
+    // Initialized, of dtype T, and the shapes of each variable's slots and gradient match;
+    // gradients aligned to their elements (variable_access.h).
     const ::tensorflow::DataType want = ::tensorflow::DataTypeToEnum<T>::value;
     Shape hyper_shapes[kHyper > 0 ? kHyper : 1];  // scalars: checked above
     for (int64_t v = 0; v < n_; ++v) {
-      const ::tensorflow::TensorShape& grad_shape = ctx->input(first_grad + v).shape();
+      const ::tensorflow::Tensor& grad = ctx->input(first_grad + v);
+      if (!ElementAligned(grad)) {
+        OP_REQUIRES_OK(ctx, RequireElementAligned("grad[" + std::to_string(v) + "]", grad));
+      }
+      const ::tensorflow::TensorShape& grad_shape = grad.shape();
       bool same_shapes = true;
       for (int k = 0; k <= kSlots; ++k) {
         const int64_t j = k * n_ + v;
@@ -609,16 +579,10 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
     std::vector<Storage*> state(num_state);
     for (int64_t j = 0; j < num_state; ++j) {
       Var* var = vars[j];
-#ifdef FUSEDOPT_CUDA
-      if constexpr (kGpu) {
-        if (var->copy_on_read_mode.load() || !var->tensor()->RefCountIsOne()) {
-          OP_REQUIRES_OK(ctx, CopyTensorOnGpu(ctx, var->tensor()));
-        }
-      } else  // NOLINT: the CPU helper must not be instantiated for the GPU tag
-#endif
-      {
-        OP_REQUIRES_OK(ctx, (::tensorflow::PrepareToUpdateVariable<CPUDevice, T>(
-                                ctx, var->tensor(), var->copy_on_read_mode.load())));
+      OP_REQUIRES_OK(ctx, PrepareToUpdate<Device>(ctx, var->tensor(), var->copy_on_read_mode.load()));
+      // After the copy, which adopted memory always gets (not TF's: never ref-count one).
+      if (!ElementAligned(*var->tensor())) {
+        OP_REQUIRES_OK(ctx, RequireElementAligned(StateName(j), *var->tensor()));
       }
       state[j] = Data(*var->tensor());
     }
@@ -671,6 +635,11 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
 
   static Storage* Data(::tensorflow::Tensor& t) {
     return reinterpret_cast<Storage*>(const_cast<char*>(t.tensor_data().data()));
+  }
+
+  // RequireElementAligned's test for a tensor of T (checked of dtype T first), per member.
+  static bool ElementAligned(const ::tensorflow::Tensor& t) {
+    return reinterpret_cast<uintptr_t>(t.tensor_data().data()) % sizeof(Storage) == 0;
   }
 
   int64_t n_ = 0;

@@ -260,6 +260,18 @@ def test_array_interface_errors():
         (lambda: dense(d[0], [d[1], d[2]], d[2]), "adagrad needs 1 slot arrays"),
         (lambda: dense(dict(raw[0], data=(host.ctypes.data, False)), [raw[1]], raw[2]),
          "var must be device (or managed) memory"),
+        # Misaligned loads are a sticky CUDA error (the context is lost): refused first.
+        (lambda: dense(dict(raw[0], data=(d[0].data.ptr + 2, False), shape=(4,)),
+                       [dict(raw[1], shape=(4,))], dict(raw[2], shape=(4,))),
+         "var is not aligned to its 4-byte elements"),
+        (lambda: dense(raw[0], [raw[1]], dict(raw[2], data=(d[2].data.ptr + 1, False), shape=(4,))),
+         "grad is not aligned to its 4-byte elements"),
+        (lambda: core_cuda.apply_dense_group(rule, [raw[0]], [[dict(raw[1], data=(
+            d[1].data.ptr + 4, False), typestr="<f8", shape=(2,))]], [raw[2]], HYPER[rule]),
+         "variable 0 of 1: slot is not aligned to its 8-byte elements"),
+        (lambda: core_cuda.apply_sparse(rule, d[0], [d[1]], d[2], dict(
+            raw[2], data=(d[2].data.ptr + 4, False), typestr="<i8", shape=(2,)), HYPER[rule]),
+         "indices is not aligned to its 8-byte elements"),
     ]
     for call, message in cases:
         with pytest.raises(ValueError) as error:

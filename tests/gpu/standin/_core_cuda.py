@@ -87,6 +87,9 @@ class _Interface:
         self.size = int(np.prod(self.shape, dtype=np.int64))
         self.typestr = str(d["typestr"])
         self.ptr, self.readonly = int(d["data"][0]), bool(d["data"][1])
+        item = _item_size(self.typestr)
+        _require(item <= 1 or self.ptr % item == 0,
+                 f"{what} is not aligned to its {item}-byte elements")
         _require(d.get("mask") is None, f"{what} must not be masked")
         strides = d.get("strides")
         if strides is not None:
