@@ -3,8 +3,11 @@ produces fusedopt's numbers (no timing assertions: speed is measured, not tested
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
+
+import pytest
 
 
 def test_quick_benchmark_runs_every_scenario_and_contenders_agree(tmp_path):
@@ -148,3 +151,21 @@ def test_separation_ab_tool_runs_both_settings(tmp_path):
                                       "sparse [1,024, 64], 64 ids"}
     for row in result["summary"].values():
         assert row["on_ms"] > 0 and row["off_ms"] > 0
+
+
+@pytest.mark.parametrize("tool,args,expect", [
+    ("cache_alias_probe.cc", ["65536", "1048576", "4096", "8192", "12288"], "ms"),
+    ("table_rows_probe.cc", ["20000", "1", "8", "sorted"], "rows 20000 huge 1 distance 8 sorted"),
+])
+def test_cpp_probes_compile_warning_free_and_run(tmp_path, tool, args, expect):
+    """The plain C++ probes BENCHMARKS.md quotes (no TensorFlow), at tiny sizes."""
+    if shutil.which("g++") is None:
+        pytest.fail("g++ is needed (the project's builds need it too)")
+    source = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
+                          tool)
+    binary = str(tmp_path / "probe")
+    subprocess.run(["g++", "-O2", "-mavx2", "-pthread", "-Wall", "-Wextra", "-Werror", "-o",
+                    binary, source], check=True, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([binary, *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert expect in proc.stdout
