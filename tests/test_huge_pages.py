@@ -157,3 +157,35 @@ def test_info_names_the_setting():
     assert line.split()[0] in ("on", "off", "unavailable")
     if info.huge_pages_available() and os.environ.get(info.HUGE_PAGES_SETTING) != "0":
         assert line.startswith("on") and "FUSEDOPT_HUGE_PAGES=0" in line
+
+
+# Issue 30, item 5: a range MADV_COLLAPSE fails on (Linux 6.18 returns EINVAL for memory
+# never written, as np.zeros slots are) must not turn collapsing off for the process.
+FAILED_RANGE_FIRST = PRELUDE + r"""
+from fusedopt import _core
+rows, dim = {rows}, 64
+ids = rng.integers(0, 16, 16)  # a few rows: the zero slots stay almost all unwritten
+grad = rng.normal(size=(16, dim)).astype(np.float32)
+untouched = [np.zeros((rows, dim), np.float32) for _ in range(3)]  # never written
+_core.apply_sparse("lazy_adam", untouched[0], untouched[1:], grad, ids, HYPER)
+first = settle(_core.huge_page_stats)
+written = [np.empty((rows, dim), np.float32) for _ in range(3)]
+for a in written:
+    a[...] = rng.normal(size=(rows, dim)).astype(np.float32)
+_core.apply_sparse("lazy_adam", written[0], written[1:], grad, ids, HYPER)
+second = settle(_core.huge_page_stats)
+print(json.dumps(dict(first=first, second=second)))
+"""
+
+
+@needs_thp
+def test_a_failed_range_does_not_stop_later_collapses():
+    rows = 160 * 1024  # 40 MB per buffer
+    result = run_child(FAILED_RANGE_FIRST.format(rows=rows), None)
+    first, second = result["first"], result["second"]
+    # Counted truthfully: each queued buffer either collapsed (every chunk) or failed.
+    assert first["collapsed_buffers"] + first["collapse_failures"] == 3, result
+    assert second["collapsed_buffers"] + second["collapse_failures"] == 6, result
+    assert second["pending_bytes"] == 0, result
+    # The written buffers collapse, whatever happened to the unwritten ones before.
+    assert second["collapsed_buffers"] - first["collapsed_buffers"] == 3, result

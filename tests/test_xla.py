@@ -166,6 +166,32 @@ def test_shape_errors_are_the_ops_words():
         fn()
 
 
+def _same_variable_cases():
+    v, w, m = (tf.Variable(tf.fill([4, 3], x)) for x in (1.0, 2.0, 3.0))
+    return [v, w, m], {
+        "dense": lambda: ops.resource_apply_adagrad(v, v, 0.1, 1e-7, tf.ones([4, 3])),
+        "sparse": lambda: ops.resource_sparse_apply_adagrad(
+            v, v, 0.1, 1e-7, tf.ones([2, 3]), [0, 1]),
+        "slots": lambda: ops.resource_apply_lazy_adam(
+            v, m, m, 0.5, 0.5, 0.1, 0.9, 0.99, 1e-7, tf.ones([4, 3])),
+        "group": lambda: ops.resource_group_apply_adagrad(
+            [v, w], [w, v], 0.1, 1e-7, [tf.ones([4, 3])] * 2),
+    }
+
+
+@pytest.mark.parametrize("case", ["dense", "sparse", "slots", "group"])
+def test_a_variable_passed_twice_is_refused_and_unchanged(case):
+    """Issue 30, item 2: under XLA one variable as var and slot (or two members of a group)
+    was accepted and left var at the slot's value. Now the op's own error, at compile time,
+    in both lowerings; every variable unchanged."""
+    variables, calls = _same_variable_cases()
+    before = [x.numpy().copy() for x in variables]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="are the same variable"):
+        jit(calls[case])()
+    for x, old in zip(variables, before):
+        np.testing.assert_array_equal(x.numpy(), old)
+
+
 def test_compiled_step_is_not_table_sized():
     """The compiled sparse step holds nothing of the table's size but the variables
     themselves: the table is updated in place (custom call with aliasing, or scatters)."""

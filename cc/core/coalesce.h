@@ -27,23 +27,18 @@ inline std::string IndexErrorMessage(int64_t position, int64_t value, int64_t nu
          " is not in [0, " + std::to_string(num_rows) + ")";
 }
 
-// Returns "" when every index is in [0, num_rows), else names the first offender.
-template <typename Index>
-std::string CheckIndices(const Index* indices, int64_t n, int64_t num_rows) {
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t row = static_cast<int64_t>(indices[i]);
-    if (row < 0 || row >= num_rows) return IndexErrorMessage(i, row, num_rows);
-  }
-  return "";
-}
-
-// Groups indices by row; requires CheckIndices to have passed (indices are >= 0).
+// Groups indices by row, checking each one as it is read: every index is read exactly
+// once, and the rows the engine writes are the values that passed the check. (Indices
+// may live in memory another thread can change during the call, e.g. a NumPy array or a
+// tensor adopting one through DLPack; a second read could name a row outside the table.)
 // Keeps its hash table and buffers between calls, so a training step does not pay
 // to allocate and page-fault them again (that was a quarter of a 16K-id step).
 class Coalescer {
  public:
+  // Returns null and sets *error to the message for the first index outside
+  // [0, num_rows) (by position), or returns the groups.
   template <typename Index>
-  const RowGroups& Group(const Index* indices, int64_t n) {
+  const RowGroups* Group(const Index* indices, int64_t n, int64_t num_rows, std::string* error) {
     RowGroups& groups = groups_;
     groups.rows.clear();
     groups.positions.clear();
@@ -51,6 +46,11 @@ class Coalescer {
     const uint64_t mask = static_cast<uint64_t>(keys_.size() - 1);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t row = static_cast<int64_t>(indices[i]);
+      if (row < 0 || row >= num_rows) {
+        *error = IndexErrorMessage(i, row, num_rows);
+        Clear();
+        return nullptr;
+      }
       uint64_t slot = (static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ull) >> shift_;
       while (keys_[slot] != -1 && keys_[slot] != row) slot = (slot + 1) & mask;
       if (keys_[slot] == -1) {
@@ -61,8 +61,7 @@ class Coalescer {
       }
       group_of_position_[i] = group_of_key_[slot];
     }
-    for (const uint64_t slot : used_slots_) keys_[slot] = -1;  // empty again, in O(groups)
-    used_slots_.clear();
+    Clear();
     const int64_t num_groups = groups.size();
     groups.offsets.assign(num_groups + 1, 0);
     if (num_groups == n) {  // no duplicates: group g is position g
@@ -75,7 +74,7 @@ class Coalescer {
       cursor_.assign(groups.offsets.begin(), groups.offsets.end() - 1);
       for (int64_t i = 0; i < n; ++i) groups.positions[cursor_[group_of_position_[i]]++] = i;
     }
-    return groups;
+    return &groups;
   }
 
   // Drops the buffers when the last call needed more than `max_slots` hash slots, so
@@ -85,6 +84,11 @@ class Coalescer {
   }
 
  private:
+  void Clear() {  // the hash table empty again, in O(groups)
+    for (const uint64_t slot : used_slots_) keys_[slot] = -1;
+    used_slots_.clear();
+  }
+
   void Reserve(int64_t n) {
     int shift = 64 - 4;
     int64_t capacity = 16;

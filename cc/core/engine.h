@@ -204,12 +204,19 @@ std::string ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, in
                         int64_t row_size, const T* grad, const Index* indices, int64_t n,
                         Executor& executor) {
   using C = ComputeType<T>;
-  std::string error = CheckIndices(indices, n, num_rows);
-  if (!error.empty() || n == 0 || row_size == 0) return error;
+  if (n == 0) return "";
+  // Grouping checks every index and reads each once (coalesce.h): the rows written below
+  // are the checked values, whatever happens to `indices` meanwhile.
+  Coalescer& coalescer = ThreadCoalescer();  // its buffers outlive the call
+  std::string error;
+  const RowGroups* grouped = coalescer.Group(indices, n, num_rows, &error);
+  if (grouped == nullptr || row_size == 0) {
+    coalescer.ReleaseIfAbove(detail::kMaxRetainedHashSlots);
+    return error;
+  }
+  const RowGroups& groups = *grouped;
   detail::AdviseHugePagesFor<Rule>(var, slots,
                                    num_rows * row_size * static_cast<int64_t>(sizeof(T)));
-  Coalescer& coalescer = ThreadCoalescer();  // its buffers outlive the call
-  const RowGroups& groups = coalescer.Group(indices, n);
   const int64_t cost = row_size * detail::kCyclesPerElement * n / groups.size();
   const int64_t row_bytes = row_size * static_cast<int64_t>(sizeof(T));
   executor.ParallelFor(groups.size(), cost, [&](int64_t first, int64_t last) {

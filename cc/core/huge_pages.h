@@ -116,30 +116,52 @@ class HugePageAdvisor {
     return true;
   }
 
+  // Whether this kernel collapses at all: MADV_COLLAPSE on a small region of our own,
+  // written first. EINVAL there means no MADV_COLLAPSE (Linux < 6.1) or THP off. On a
+  // buffer, EINVAL says only that this range failed: Linux 6.18 returns it for ranges
+  // never written (np.zeros slots), and later buffers still collapse.
+  static bool KernelCollapses() {
+#if defined(__linux__)
+    const size_t bytes = 2 * static_cast<size_t>(kHugePage);
+    void* region = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                        -1, 0);
+    if (region == MAP_FAILED) return true;  // cannot tell: try the buffers themselves
+    const auto address = reinterpret_cast<uintptr_t>(region);
+    char* page = reinterpret_cast<char*>((address + kHugePage - 1) &
+                                         ~static_cast<uintptr_t>(kHugePage - 1));
+    std::memset(page, 1, static_cast<size_t>(kHugePage));
+    madvise(page, static_cast<size_t>(kHugePage), MADV_HUGEPAGE);
+    const bool collapses = madvise(page, static_cast<size_t>(kHugePage), kCollapse) == 0 ||
+                           errno != EINVAL;
+    munmap(region, bytes);
+    return collapses;
+#else
+    return false;
+#endif
+  }
+
   void CollapseLoop() {
 #if defined(__linux__)
+    const bool collapses = KernelCollapses();
     std::unique_lock<std::mutex> lock(mu_);
+    collapse_supported_ = collapses;
     for (;;) {
       wake_.wait(lock, [this] { return !queue_.empty(); });
       const auto [begin, length] = queue_.front();
       queue_.erase(queue_.begin());
-      bool collapsed = true;
+      bool collapsed = collapse_supported_;  // every chunk of it, once tried
       size_t remaining = length;
       for (size_t done = 0; done < length && collapse_supported_; done += kChunk) {
         const size_t chunk = std::min(kChunk, length - done);
         lock.unlock();
         const int rc = madvise(reinterpret_cast<void*>(begin + done), chunk, kCollapse);
-        const int error = errno;
         lock.lock();
         counters_.pending_bytes -= static_cast<int64_t>(chunk);
         remaining -= chunk;
         if (rc == 0) {
           counters_.collapsed_bytes += static_cast<int64_t>(chunk);
         } else {
-          collapsed = false;
-          // EINVAL: no MADV_COLLAPSE (Linux < 6.1) or THP off: stop trying. Others
-          // (EAGAIN, ENOMEM: no free huge page now, buffer freed): skip this chunk.
-          if (error == EINVAL) collapse_supported_ = false;
+          collapsed = false;  // this chunk only (EINVAL, EAGAIN, ENOMEM, buffer freed)
         }
       }
       counters_.pending_bytes -= static_cast<int64_t>(remaining);  // skipped: unsupported

@@ -110,6 +110,32 @@ Shape InputShape(tfw::XlaOpKernelContext* ctx, int input, absl::Status* status) 
   return Shape(shape->dimensions().begin(), shape->dimensions().end());
 }
 
+// XLA resolves every use of one variable in a computation to one XlaResource, so two
+// state inputs with the same resource are one variable passed twice (var and its own slot,
+// or two members of a group): both lowerings would write one buffer twice and corrupt it.
+// The same InvalidArgumentError as the op's own kernel, at compile time (XLA knows every
+// resource then). `name(i)` names state input i ("var", "accumulator[3]").
+template <typename Name>
+absl::Status CheckDistinctVariables(tfw::XlaOpKernelContext* ctx, int64_t count, Name name) {
+  std::vector<std::pair<const tfw::XlaResource*, int64_t>> resources(count);
+  for (int64_t i = 0; i < count; ++i) {
+    tfw::XlaResource* resource = nullptr;
+    const absl::Status found = ctx->GetResourceInput(static_cast<int>(i), &resource);
+    if (!found.ok()) return found;
+    resources[i] = {resource, i};
+  }
+  std::sort(resources.begin(), resources.end());
+  for (size_t i = 1; i < resources.size(); ++i) {
+    if (resources[i].first != resources[i - 1].first) continue;
+    const int64_t a = resources[i - 1].second, b = resources[i].second;  // a < b
+    const auto& kernel = ctx->op_kernel();
+    return absl::InvalidArgumentError(
+        std::string(name(a)) + " and " + name(b) + " are the same variable (" +
+        kernel.requested_input(a) + ", " + kernel.requested_input(b) + "); each needs its own");
+  }
+  return absl::OkStatus();
+}
+
 // ---------------------------------------------------------------------------------------
 // HLO lowering.
 
@@ -218,6 +244,9 @@ class FusedApplyXlaOp : public tfw::XlaOpKernel {
   }
 
   void Compile(tfw::XlaOpKernelContext* ctx) override {
+    OP_REQUIRES_OK(ctx, CheckDistinctVariables(ctx, 1 + kSlots, [](int64_t i) {
+                     return i == 0 ? "var" : Rule::kSlots[i - 1];
+                   }));
     std::array<xla::XlaOp, 1 + kSlots> state;
     std::array<Shape, 1 + kSlots> shapes;
     for (int i = 0; i <= kSlots; ++i) {
@@ -413,6 +442,11 @@ class FusedGroupApplyXlaOp : public tfw::XlaOpKernel {
                   absl::InvalidArgumentError(std::string(Rule::kHyper[i]) +
                                              " must be a scalar, got shape " + ShapeString(shape)));
     }
+    OP_REQUIRES_OK(ctx, CheckDistinctVariables(ctx, num_state, [this](int64_t j) {
+                     const int64_t k = j / n_;
+                     return std::string(k == 0 ? "var" : Rule::kSlots[k - 1]) + "[" +
+                            std::to_string(j % n_) + "]";
+                   }));
     std::vector<xla::XlaOp> state(num_state);
     std::vector<Shape> shapes(num_state);
     for (int64_t j = 0; j < num_state; ++j) {

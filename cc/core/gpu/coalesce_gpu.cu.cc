@@ -77,14 +77,22 @@ __global__ void FetchOffenderKernel(const Index* __restrict__ indices, DeviceInd
 }
 
 // Sort input: keys are the rows (as unsigned; garbage after a bad index, which the update
-// kernels then ignore), values the positions.
+// kernels then ignore), values the positions. Checks each index as it reads it (as
+// CheckIndicesKernel): the keys the update kernels write at are the values checked, even
+// if another stream changes `indices` meanwhile.
 template <typename Index>
-__global__ void PrepareSortKernel(const Index* __restrict__ indices, int64_t n,
-                                  KeyOf<Index>* __restrict__ keys, uint32_t* __restrict__ positions) {
+__global__ void PrepareSortKernel(const Index* __restrict__ indices, int64_t n, int64_t num_rows,
+                                  KeyOf<Index>* __restrict__ keys, uint32_t* __restrict__ positions,
+                                  DeviceIndexCheck* check) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    keys[i] = static_cast<KeyOf<Index>>(indices[i]);
+    const Index index = indices[i];
+    const int64_t row = static_cast<int64_t>(index);
+    if (row < 0 || row >= num_rows) {
+      atomicMin(&check->position, static_cast<unsigned long long>(i));
+    }
+    keys[i] = static_cast<KeyOf<Index>>(index);
     positions[i] = static_cast<uint32_t>(i);
   }
 }
@@ -187,18 +195,23 @@ Status CheckAndCoalesce(const Index* indices, int64_t n, int64_t num_rows, bool 
   auto* check = arena.Take<DeviceIndexCheck>(1);
   groups->check = check;
 
-  // 1. Index check, its verdict copied to the host without waiting for it.
+  // 1. Index check (fused into the sort's preparation when coalescing), its verdict
+  //    copied to the host without waiting for it.
   Status s = CudaError(cudaMemsetAsync(check, 0xff, sizeof(DeviceIndexCheck), stream), "memset");
   if (!s.ok()) return s;
-  CheckIndicesKernel<Index><<<GridFor(n, kThreads), kThreads, 0, stream>>>(indices, n, num_rows,
-                                                                           check);
-  FetchOffenderKernel<Index><<<1, 1, 0, stream>>>(indices, check);
-  s = LaunchStatus("index check");
-  if (!s.ok()) return s;
-  s = CudaError(cudaMemcpyAsync(host_check, check, sizeof(IndexCheck), cudaMemcpyDeviceToHost,
-                                stream),
-                "index check copy");
-  if (!s.ok() || !coalesce) return s;
+  auto send_verdict = [&]() {
+    FetchOffenderKernel<Index><<<1, 1, 0, stream>>>(indices, check);
+    Status launched = LaunchStatus("index check");
+    if (!launched.ok()) return launched;
+    return CudaError(cudaMemcpyAsync(host_check, check, sizeof(IndexCheck),
+                                     cudaMemcpyDeviceToHost, stream),
+                     "index check copy");
+  };
+  if (!coalesce) {
+    CheckIndicesKernel<Index><<<GridFor(n, kThreads), kThreads, 0, stream>>>(indices, n,
+                                                                             num_rows, check);
+    return send_verdict();
+  }
 
   // 2. Stable sort of (row, position): positions stay ascending within a row.
   Key* keys_in = arena.Take<Key>(n);
@@ -212,9 +225,11 @@ Status CheckAndCoalesce(const Index* indices, int64_t n, int64_t num_rows, bool 
   uint32_t* hot_chunk_offsets = arena.Take<uint32_t>(n + 1);
   uint32_t* num_groups = arena.Take<uint32_t>(1);
   void* cub_temp = arena.Take<char>(cub_bytes);
-  PrepareSortKernel<Index><<<GridFor(n, kThreads), kThreads, 0, stream>>>(indices, n, keys_in,
-                                                                          positions_in);
+  PrepareSortKernel<Index><<<GridFor(n, kThreads), kThreads, 0, stream>>>(
+      indices, n, num_rows, keys_in, positions_in, check);
   s = LaunchStatus("sort preparation");
+  if (!s.ok()) return s;
+  s = send_verdict();
   if (!s.ok()) return s;
   size_t bytes = sort_bytes;
   s = CudaError(cub::DeviceRadixSort::SortPairs(cub_temp, bytes, keys_in, keys_out, positions_in,

@@ -24,6 +24,7 @@ and vice versa (object-based ``tf.train.Checkpoint`` dependencies match as well)
 """
 import contextlib
 import inspect
+import threading
 
 import tensorflow as tf
 
@@ -38,6 +39,10 @@ def _colocated_with(variable):
     if tf.executing_eagerly():
         return contextlib.nullcontext()
     return tf.compat.v1.get_default_graph().colocate_with(variable)
+
+
+# Per thread: {id(optimizer): the dense updates its running apply_gradients collects}.
+_calls = threading.local()
 
 
 class _FusedOptimizer(tf.compat.v1.train.Optimizer):
@@ -105,20 +110,34 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
     # instead and run as one group op per (dtype, device) when _finish starts (before the
     # power non-slots move on, which wait for them). Under a tf.distribute strategy the
     # updates run per replica: no collecting there.
+    #
+    # The list belongs to the call, not to the optimizer: threads sharing one optimizer
+    # (eager apply_gradients from a thread pool) each collect their own.
 
-    _pending_dense = None  # [(var, grad)] while an apply_gradients call collects
+    @property
+    def _pending_dense(self):
+        """[(var, grad)] while this thread's apply_gradients call collects, else None."""
+        return getattr(_calls, "pending", {}).get(id(self))
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
         if tf.distribute.has_strategy():
             return super().apply_gradients(grads_and_vars, global_step, name)
-        self._pending_dense = []
+        pending = _calls.__dict__.setdefault("pending", {})
+        outer = pending.get(id(self))  # a nested call on this optimizer: the outer's list
+        pending[id(self)] = []
         try:
             return super().apply_gradients(grads_and_vars, global_step, name)
         finally:
-            self._pending_dense = None
+            if outer is None:
+                pending.pop(id(self), None)
+            else:
+                pending[id(self)] = outer
 
     def _run_pending_dense(self):
-        pending, self._pending_dense = self._pending_dense or [], None
+        calls = getattr(_calls, "pending", {})
+        pending = calls.get(id(self)) or []
+        if id(self) in calls:
+            calls[id(self)] = None  # collected: later dense updates of the call run alone
         if not pending:
             return []
         slot_names = [name for name, _ in self._SPEC.slots]

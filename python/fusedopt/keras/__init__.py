@@ -25,8 +25,16 @@ _optimizers = tf.keras.optimizers
 _register = tf.keras.utils.register_keras_serializable(package="fusedopt")
 
 
-def _value(x):
-    return x() if callable(x) else x
+def _in_dtype(x, dtype, through_cast=False):
+    """`x` (number, tensor, variable or callable) in `dtype`, as Keras's updates use it.
+    Keras uses its Python-float hyper-parameters as they are (``1 - self.beta_1``,
+    ``ops.add(..., self.epsilon)``: exact in a float64 update), except where it casts them
+    first (``ops.cast(self.beta_1, dtype)`` for the beta powers, which goes through float32:
+    0.9 becomes 0.8999999761581421): `through_cast`. Both ways matter for float64 variables."""
+    x = x() if callable(x) else x
+    if isinstance(x, (int, float)) and not through_cast:
+        return tf.constant(x, dtype)
+    return tf.cast(x, dtype)
 
 
 class _FusedUpdate(_packs.PacksOfOptimizer):
@@ -66,8 +74,9 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
             if isinstance(source, LearningRate):
                 hyper[name] = self._lr(variable, learning_rate)
             else:
-                value = tf.cast(_value(getattr(self, source.name)), dtype)
-                hyper[name] = tf.pow(value, step) if isinstance(source, Power) else value
+                power = isinstance(source, Power)
+                value = _in_dtype(getattr(self, source.name), dtype, through_cast=power)
+                hyper[name] = tf.pow(value, step) if power else value
         return hyper
 
     def update_step(self, gradient, variable, learning_rate=None):
