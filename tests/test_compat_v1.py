@@ -144,7 +144,7 @@ class Trainer:
             else:
                 with self.graph.as_default():
                     powers = self.opt._get_beta_accumulators()
-            named.update(zip(POWERS[rule], powers))
+            named.update(zip(POWERS[rule], powers if isinstance(powers, tuple) else [powers]))
         if self.mode == "eager":
             return {k: v.numpy() for k, v in named.items()}
         return self.sess.run(named)
@@ -546,7 +546,7 @@ class ApiTest(tf.test.TestCase, parameterized.TestCase):
 
     def test_signatures_and_names(self):
         self.assertEqual(fv1.LazyAdamOptimizer().get_name(), "Adam")
-        self.assertEqual(fv1.AdamaxOptimizer().get_name(), "Adamax")
+        self.assertEqual(fv1.AdamaxOptimizer().get_name(), "AdaMax")  # contrib's
         self.assertEqual(fv1.AdagradOptimizer(0.1).get_name(), "Adagrad")
         for cls in (fv1.LazyAdamOptimizer, fv1.AdamaxOptimizer, fv1.AdagradOptimizer):
             self.assertTrue(issubclass(cls, tf.compat.v1.train.Optimizer))
@@ -560,7 +560,7 @@ class ApiTest(tf.test.TestCase, parameterized.TestCase):
         sig = inspect.signature(fv1.AdamaxOptimizer)
         self.assertEqual([(p.name, p.default) for p in sig.parameters.values()],
                          [("learning_rate", 0.001), ("beta1", 0.9), ("beta2", 0.999),
-                          ("epsilon", 1e-08), ("use_locking", False), ("name", "Adamax")])
+                          ("epsilon", 1e-08), ("use_locking", False), ("name", "AdaMax")])
         sig = inspect.signature(fv1.AdagradOptimizer)
         self.assertEqual([p.name for p in sig.parameters.values()][:4],
                          ["learning_rate", "initial_accumulator_value", "use_locking", "name"])
@@ -735,6 +735,33 @@ class ApiTest(tf.test.TestCase, parameterized.TestCase):
                 sess.run(train)
                 self.assertAllClose(sess.run(gvar), [0.999, 1.999], rtol=1e-6)
                 self.assertAllClose(sess.run(opt._get_beta_accumulators()[0]), 0.81)
+
+
+class ContribAdaMaxTest(tf.test.TestCase):
+    """Issue 29, item 3: what contrib's adamax_test reads off AdaMaxOptimizer."""
+
+    def test_default_name_and_slot_names_are_contribs(self):
+        with tf.Graph().as_default():
+            var = tf.compat.v1.Variable([1.0, 2.0], name="var0")
+            opt = fv1.AdamaxOptimizer()
+            opt.apply_gradients([(tf.constant([0.1, 0.1]), var)])
+            self.assertEqual(opt.get_name(), "AdaMax")
+            self.assertEqual(opt.get_slot(var, "m").name, "var0/AdaMax:0")
+            self.assertEqual(opt.get_slot(var, "v").name, "var0/AdaMax_1:0")
+
+    def test_beta_accumulators_is_the_variable(self):
+        var = tf.Variable([1.0, 2.0])
+        opt = fv1.AdamaxOptimizer(0.1)
+        for t in range(1, 4):
+            opt.apply_gradients([(tf.constant([0.1, -0.2]), var)])
+            beta1_power = opt._get_beta_accumulators()
+            self.assertIsInstance(beta1_power, tf.Variable)
+            self.assertAllCloseAccordingToType(0.9 ** (t + 1), beta1_power.numpy())
+        # Adam's (LazyAdam's) stays AdamOptimizer's pair.
+        adam = fv1.LazyAdamOptimizer()
+        adam.apply_gradients([(tf.constant([0.1, -0.2]), var)])
+        beta1_power, beta2_power = adam._get_beta_accumulators()
+        self.assertAllClose([beta1_power.numpy(), beta2_power.numpy()], [0.81, 0.999 ** 2])
 
 
 class CheckpointTest(tf.test.TestCase, parameterized.TestCase):

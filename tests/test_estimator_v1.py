@@ -21,7 +21,7 @@ ROWS, DIM, FEATURES = 8, 2, 3
 OPTIMIZERS = {
     "lazy_adam": (lambda: fv1.LazyAdamOptimizer(0.05), "Adam", ["m", "v"],
                   ["beta1_power", "beta2_power"], "LazyAdam"),
-    "adamax": (lambda: fv1.AdamaxOptimizer(0.05), "Adamax", ["m", "v"], ["beta1_power"],
+    "adamax": (lambda: fv1.AdamaxOptimizer(0.05), "AdaMax", ["m", "v"], ["beta1_power"],
                "Adamax"),
     "adagrad": (lambda: fv1.AdagradOptimizer(0.3), "Adagrad", ["accumulator"], [],
                 "Adagrad"),

@@ -321,8 +321,9 @@ def test_model_save_load_keeps_optimizer_state(tmp_path):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("target", ["fused", "keras_adam"])
 @pytest.mark.parametrize("source", ["fused", "keras_adam"])
-def test_checkpoint_round_trip_and_keras_adam_compat(tmp_path, source):
+def test_checkpoint_round_trip_and_keras_adam_compat(tmp_path, source, target):
     x, y = _data()
     model = _model()
     opt = fk.LazyAdam(0.02) if source == "fused" else keras.optimizers.Adam(0.02)
@@ -331,7 +332,7 @@ def test_checkpoint_round_trip_and_keras_adam_compat(tmp_path, source):
     prefix = tf.train.Checkpoint(model=model, optimizer=opt).save(str(tmp_path / "ckpt"))
 
     model2 = _model(seed=5)
-    opt2 = fk.LazyAdam(0.02)
+    opt2 = fk.LazyAdam(0.02) if target == "fused" else keras.optimizers.Adam(0.02)
     opt2.build(model2.trainable_variables)
     tf.train.Checkpoint(model=model2, optimizer=opt2).restore(prefix).assert_consumed()
     assert int(opt2.iterations.numpy()) == 4
@@ -372,3 +373,58 @@ def test_mixed_precision_fit_matches_keras(policy, name):
     assert weights[0][0].dtype == np.float32
     for a, b in zip(*weights):
         np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-3)
+
+
+# --- the one-line swap keeps names (issue 29, item 6) ------------------------------------------
+
+@pytest.mark.parametrize("rule", sorted(PAIRS))
+def test_default_name_is_the_replaced_class(rule):
+    """fusedopt.keras.LazyAdam() is named as keras.optimizers.Adam() is ("adam"; Keras 3
+    would name it after its class, "lazy_adam"), so get_config()['name'] and the optimizer
+    variables' paths stay those of the class replaced."""
+    ours, theirs = PAIRS[rule][0](), PAIRS[rule][1]()
+    strip = (lambda name: name.rsplit("_", 1)[0] if name.rsplit("_", 1)[-1].isdigit()
+             else name)  # Keras 3 numbers repeated names: adam, adam_1, ...
+    assert strip(ours.name) == strip(theirs.name)
+    assert strip(ours.get_config()["name"]) == strip(theirs.get_config()["name"])
+    assert PAIRS[rule][0](name="mine").name == "mine"
+
+
+@pytest.mark.parametrize("direction", ["keras_to_fused", "fused_to_keras"])
+def test_keras_file_interchange_with_keras_adam(tmp_path, direction):
+    """A .keras file saved with either optimizer goes on with the other (README: the class
+    from the other's config, built on the model, its variables assigned in order: the
+    same layout), and training goes on identically; tf.train.Checkpoint interchanges
+    directly (test_checkpoint_round_trip_and_keras_adam_compat, both ways)."""
+    x, y = _data()
+    model = _model()
+    first, second = ((keras.optimizers.Adam, fk.LazyAdam) if direction == "keras_to_fused"
+                     else (fk.LazyAdam, keras.optimizers.Adam))
+    model.compile(optimizer=first(learning_rate=0.02), loss="mse")
+    model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert type(loaded.optimizer) is first
+
+    def swap(m):
+        swapped = second.from_config(m.optimizer.get_config())
+        assert swapped.name == m.optimizer.name
+        swapped.build(m.trainable_variables)
+        assert ([tuple(v.shape) for v in swapped.variables]
+                == [tuple(v.shape) for v in m.optimizer.variables])  # one layout
+        for a, b in zip(swapped.variables, m.optimizer.variables):
+            a.assign(b)
+        m.compile(optimizer=swapped, loss="mse")
+
+    # The file lost nothing: the swapped optimizer goes on exactly as one swapped in
+    # memory. (The two classes differ on the embedding's sparse gradient: lazy rows.)
+    swap(loaded)
+    swap(model)
+    assert int(loaded.optimizer.iterations.numpy()) == 4
+    for a, b in zip(loaded.optimizer.variables, model.optimizer.variables):
+        np.testing.assert_array_equal(np.asarray(a.numpy()), np.asarray(b.numpy()))
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    loaded.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(model.get_weights(), loaded.get_weights()):
+        np.testing.assert_array_equal(a, b)

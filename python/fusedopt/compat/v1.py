@@ -96,12 +96,18 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
         self._get_or_make_slot_with_initializer(var, init, var.get_shape(), dtype,
                                                 slot_name, self._name)
 
-    def _get_beta_accumulators(self):
+    def _powers(self):
         """The non-slot power variables of the current graph (eager: the only ones)."""
         with tf.init_scope():
             graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
             return tuple(self._get_non_slot_variable(power_name, graph=graph)
                          for power_name, _ in self._SPEC.powers)
+
+    def _get_beta_accumulators(self):
+        """As the class replaced: AdamOptimizer's a tuple (beta1_power, beta2_power),
+        contrib AdaMaxOptimizer's the one variable beta1_power."""
+        powers = self._powers()
+        return powers[0] if len(powers) == 1 else powers
 
     # --- the dense updates of one apply_gradients call, as group ops ---------------------
     #
@@ -155,7 +161,7 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
         if not self._SPEC.powers:
             return super()._finish(update_ops, name_scope)
         with tf.control_dependencies(update_ops):
-            powers = self._get_beta_accumulators()
+            powers = self._powers()
             with _colocated_with(powers[0]):
                 updates = [power.assign(power * self._hyper_t[argument],
                                         use_locking=self._use_locking)
@@ -167,7 +173,7 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
     def _op_hyper(self):
         """The rule's hyper-parameters in op order (tensors/variables of any float type)."""
         powers = dict(zip((name for name, _ in self._SPEC.powers),
-                          self._get_beta_accumulators()))
+                          self._powers()))
         values = []
         for hyper in _fused_ops.RULES[self._RULE]["hyper"]:
             source = self._SPEC.hyper[hyper]

@@ -15,6 +15,8 @@ too (``fit(jit_compile=True)``: the ops have XLA kernels).
 Keras 2 ``OptimizerV2`` classes: ``fusedopt.keras.legacy``; DTensor: ``fusedopt.keras.dtensor``.
 """
 
+import inspect
+
 import tensorflow as tf
 
 from fusedopt import rules as _rules
@@ -37,12 +39,33 @@ def _in_dtype(x, dtype, through_cast=False):
     return tf.cast(x, dtype)
 
 
+def _default_name(base):
+    """The name keras.optimizers.<base>() takes when none is given."""
+    signature = inspect.signature(getattr(_optimizers, base).__init__)
+    default = signature.parameters["name"].default if "name" in signature.parameters else None
+    if default is not None:
+        return default
+    try:
+        from keras.src.utils.naming import auto_name  # what Keras 3's base calls
+    except ImportError:  # pragma: no cover - Keras 3 keeps it there
+        return base.lower()
+    return auto_name(base)
+
+
 class _FusedUpdate(_packs.PacksOfOptimizer):
     """Mixin: the fused ``update_step`` of a ``Keras`` spec (Keras 3 and Keras 2.15 bases)."""
 
     _fused_rule = None
     _fused_spec = None
     _fused_composed = False  # True: always the composed form (DTensor subclasses)
+
+    def __init__(self, *args, **kwargs):
+        # Keras 3 names an unnamed optimizer after its class ("lazy_adam"): the class
+        # replaced's name instead ("adam"), so that the one-line swap keeps get_config()
+        # and variable paths. (Keras 2.15's bases name themselves.)
+        if "name" not in kwargs and self._fused_spec is not None:
+            kwargs["name"] = _default_name(self._fused_spec.base)
+        super().__init__(*args, **kwargs)
 
     def _slot(self, slots, variable):
         if hasattr(self, "_get_variable_index"):  # Keras 3

@@ -49,7 +49,7 @@ LEGACY = Legacy(
 COMPAT_V1 = CompatV1(
     name="AdamaxOptimizer",
     signature=(("learning_rate", 0.001), ("beta1", 0.9), ("beta2", 0.999), ("epsilon", 1e-08),
-               ("use_locking", False), ("name", "Adamax")),
+               ("use_locking", False), ("name", "AdaMax")),
     slots=(("m", None), ("v", None)),
     hyper=dict(beta1_power=NonSlot("beta1_power"), lr="learning_rate", beta1="beta1",
                beta2="beta2", epsilon="epsilon"),
@@ -74,5 +74,6 @@ COMPAT_V1 = CompatV1(
       beta2: decay of the infinity norm (float, tensor or callable).
       epsilon: added to ``v`` (float, tensor or callable).
       use_locking: passed to the ops (lock var and slots while updating).
-      name: the name of the slot variables' scope.
+      name: the name of the slot variables' scope (default ``"AdaMax"``, contrib's: slot
+        names ``<var>/AdaMax``, ``<var>/AdaMax_1`` and checkpoints are contrib's).
     """)
