@@ -7,6 +7,7 @@
 #ifndef FUSEDOPT_CC_CORE_COALESCE_H_
 #define FUSEDOPT_CC_CORE_COALESCE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -42,7 +43,12 @@ class Coalescer {
     RowGroups& groups = groups_;
     groups.rows.clear();
     groups.positions.clear();
-    Reserve(n);
+    if (num_rows <= 0 && n > 0) {  // no row is valid: the first index is the offender
+      *error = IndexErrorMessage(0, static_cast<int64_t>(indices[0]), num_rows);
+      return nullptr;
+    }
+    // At most num_rows distinct valid rows: the table need not outgrow the variable.
+    Reserve(n, std::min(n, num_rows));
     const uint64_t mask = static_cast<uint64_t>(keys_.size() - 1);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t row = static_cast<int64_t>(indices[i]);
@@ -89,10 +95,10 @@ class Coalescer {
     used_slots_.clear();
   }
 
-  void Reserve(int64_t n) {
+  void Reserve(int64_t n, int64_t max_keys) {
     int shift = 64 - 4;
     int64_t capacity = 16;
-    while (capacity < 2 * n) {
+    while (capacity < 2 * max_keys) {
       capacity *= 2;
       --shift;
     }

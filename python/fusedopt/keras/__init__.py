@@ -15,6 +15,7 @@ too (``fit(jit_compile=True)``: the ops have XLA kernels).
 Keras 2 ``OptimizerV2`` classes: ``fusedopt.keras.legacy``; DTensor: ``fusedopt.keras.dtensor``.
 """
 
+import functools
 import inspect
 
 import tensorflow as tf
@@ -58,14 +59,6 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
     _fused_rule = None
     _fused_spec = None
     _fused_composed = False  # True: always the composed form (DTensor subclasses)
-
-    def __init__(self, *args, **kwargs):
-        # Keras 3 names an unnamed optimizer after its class ("lazy_adam"): the class
-        # replaced's name instead ("adam"), so that the one-line swap keeps get_config()
-        # and variable paths. (Keras 2.15's bases name themselves.)
-        if "name" not in kwargs and self._fused_spec is not None:
-            kwargs["name"] = _default_name(self._fused_spec.base)
-        super().__init__(*args, **kwargs)
 
     def _slot(self, slots, variable):
         if hasattr(self, "_get_variable_index"):  # Keras 3
@@ -170,6 +163,26 @@ _BASE_ARGS = """
     """
 
 
-__all__ = _rules.define_classes(globals(), "KERAS", lambda rule, spec: _register(
+def _named_as_base(cls, base):
+    """`cls` with `base`'s default name: Keras 3 names an unnamed optimizer after its class
+    ("lazy_adam"); the class replaced's name instead ("adam") keeps get_config() and the
+    variables' paths through the one-line swap. (Keras 2.15's bases name themselves.)"""
+    signature = inspect.signature(base.__init__)
+
+    @functools.wraps(base.__init__)  # help() and inspect show the base's arguments
+    def __init__(self, *args, **kwargs):
+        try:
+            named = "name" in signature.bind_partial(self, *args, **kwargs).arguments
+        except TypeError:  # arguments the base refuses: its own error, below
+            named = True
+        if not named:
+            kwargs["name"] = _default_name(base.__name__)  # per instance: Keras numbers them
+        super(cls, self).__init__(*args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
+
+
+__all__ = _rules.define_classes(globals(), "KERAS", lambda rule, spec: _register(_named_as_base(
     _rules.fused_subclass(rule, spec, _FusedUpdate, getattr(_optimizers, spec.base), __name__,
-                          _BASE_ARGS)))
+                          _BASE_ARGS), getattr(_optimizers, spec.base))))
