@@ -165,3 +165,52 @@ def test_export_saved_model_serves_the_concatenated_outputs(estimators, tmp_path
         with pytest.raises(tf.errors.InvalidArgumentError,
                            match=r"not divisible by the number of towers \(2\)"):
             sess.run(graph.get_tensor_by_name(sig.outputs["pred"].name), odd)
+
+
+# --- contrib's users' model_fns under a real Estimator (issue 29, items 1 and 2) ---------
+
+class _CloseAtEnd(tf.compat.v1.train.SessionRunHook):
+    """Closes the session after the other hooks' end: SyncReplicas' chief queue runner,
+    waiting for the next step's gradients, is cancelled at once instead of after the
+    monitored session's 120 s grace period."""
+
+    def end(self, session):
+        session.close()
+
+
+def _contrib_order_model_fn(mode, features, labels, params):
+    """contrib's suite's argument order; SyncReplicasOptimizer inside TowerOptimizer."""
+    c = tf.compat.v1.get_variable("c", initializer=tf.constant(10.0, tf.float64),
+                                  dtype=tf.float64)
+    loss = tf.reduce_sum(tf.compat.v1.losses.absolute_difference(
+        labels, features["features"] * c, reduction=tf.compat.v1.losses.Reduction.SUM))
+    opt = tf.compat.v1.train.GradientDescentOptimizer(params["learning_rate"])
+    hooks = []
+    if params["sync"]:
+        opt = tf.compat.v1.train.SyncReplicasOptimizer(opt, replicas_to_aggregate=1)
+        hooks += [opt.make_session_run_hook(is_chief=True), _CloseAtEnd()]
+    train_op = fe.TowerOptimizer(opt).minimize(
+        loss, global_step=tf.compat.v1.train.get_global_step())
+    return tf.compat.v1.estimator.EstimatorSpec(mode=mode, loss=loss, train_op=train_op,
+                                                training_hooks=hooks)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+@pytest.mark.parametrize("sync", [False, True], ids=["plain", "sync_replicas"])
+def test_contrib_model_fn_trains_under_estimator(sync, tmp_path):
+    fn = fe.replicate_model_fn(_contrib_order_model_fn,
+                               loss_reduction=tf.compat.v1.losses.Reduction.SUM,
+                               devices=["/cpu:0", "/cpu:1"])
+    config = tf.compat.v1.estimator.RunConfig(
+        model_dir=str(tmp_path), save_summary_steps=None, log_step_count_steps=1000,
+        session_config=tf.compat.v1.ConfigProto(device_count={"CPU": 2},
+                                                allow_soft_placement=False))
+    est = tf.compat.v1.estimator.Estimator(fn, config=config,
+                                           params={"learning_rate": 1.0, "sync": sync})
+
+    def input_fn():
+        return tf.data.Dataset.from_tensors(
+            ({"features": np.array([[1.0], [2.0]])}, np.array([[1.0], [2.0]])))
+    est.train(input_fn, steps=1)
+    # loss = |1*c - 1| + |2*c - 2|: gradient 3, c = 10 - 3
+    assert est.get_variable_value("c") == 7.0

@@ -173,8 +173,10 @@ def test_towers_run_on_their_devices_and_variables_on_consolidation_device():
             if op.type == "VarHandleOp":
                 assert op.device == "/device:CPU:0", op
         for i in range(3):
-            matmuls = [op for op in graph.get_operations()
-                       if op.type == "MatMul" and op.name.startswith("tower_%d/" % i)]
+            # tower 0 unprefixed (contrib's names), then tower_1/, tower_2/
+            matmuls = [op for op in graph.get_operations() if op.type == "MatMul" and (
+                op.name.startswith("tower_%d/" % i) if i else
+                not op.name.startswith("tower_"))]
             assert matmuls and all(op.device == "/device:CPU:%d" % i for op in matmuls)
         with _session(3, graph) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
@@ -529,8 +531,10 @@ def test_towers_making_different_optimizer_calls_raise():
 def test_batch_not_divisible_by_towers_raises():
     params = {"opt": "lazy_adam", "model": "dense", "tower": True}
     data = _data(batch=9)
-    with pytest.raises(ValueError, match=r"batch size of features\['x'\] is not divisible "
-                                         r"by the number of towers \(2\).*batch size 9"):
+    with pytest.raises(ValueError, match=r"Batch size 9 needs to be divisible by the number "
+                                         r"of GPUs, which is 2: .*the batch size of "
+                                         r"features\['x'\] is not divisible "
+                                         r"by the number of towers \(2\)"):
         _train(_train_model_fn, 2, params, data=data)
     # dynamic batch: checked when run
     with tf.Graph().as_default() as graph:

@@ -3,7 +3,10 @@
 TRAIN: loss = sum of the towers' scaled losses, train op = all towers' train ops. EVAL:
 metric variables of all towers summed into tower 0's after every update, so e.g. a mean
 is total/count over the whole batch, not an average of per-tower averages. PREDICT:
-predictions and export outputs concatenated along the batch dimension.
+predictions and export outputs concatenated along the batch dimension (scalar export
+outputs, one per tower, stacked). Hooks and the scaffold are one tower's, as in contrib:
+the last tower's in TRAIN (hooks such as SyncReplicasOptimizer's check calls that only
+the last tower's optimizer makes), tower 0's otherwise.
 """
 import tensorflow as tf
 
@@ -34,22 +37,13 @@ def merge_specs(specs, metric_vars, mode, consolidation, loss_reduction):
     if mode == ModeKeys.PREDICT and _field(specs[0], "export_outputs"):
         with tf.device(consolidation), tf.compat.v1.name_scope("replicated_export_outputs"):
             kwargs["export_outputs"] = merge_export_outputs(specs)
+    template = specs[-1] if mode == ModeKeys.TRAIN else specs[0]
     for hooks in _HOOK_FIELDS:
-        merged = _distinct([hook for s in specs for hook in _field(s, hooks) or ()])
-        if merged:
-            kwargs[hooks] = merged
-    if _field(specs[0], "scaffold") is not None:
-        kwargs["scaffold"] = specs[0].scaffold
+        if _field(template, hooks):
+            kwargs[hooks] = list(_field(template, hooks))
+    if _field(template, "scaffold") is not None:
+        kwargs["scaffold"] = template.scaffold
     return EstimatorSpec(**kwargs)
-
-
-def _distinct(objects):
-    """objects without repeats, by identity (hooks need not be hashable), in order."""
-    distinct = []
-    for obj in objects:
-        if not any(obj is seen for seen in distinct):
-            distinct.append(obj)
-    return distinct
 
 
 def _merged_loss(specs, loss_reduction):
@@ -81,18 +75,24 @@ def _merged_predictions(specs, mode):
             return {"predictions": predictions[0]}
 
 
-def concat(values):
-    """Concatenates the towers' tensors (or dicts of them) along the batch dimension."""
+def concat(values, stack_scalars=False):
+    """Concatenates the towers' tensors (or dicts of them) along the batch dimension.
+
+    With `stack_scalars`, towers' scalars become a vector of one value per tower.
+    """
     first = values[0]
     if isinstance(first, dict):
         if any(set(v) != set(first) for v in values):
             raise ValueError("replicate_model_fn: towers returned different prediction keys")
-        return {k: concat([v[k] for v in values]) for k in first}
+        return {k: concat([v[k] for v in values], stack_scalars) for k in first}
     if len(values) == 1:
         return first
     if isinstance(first, tf.SparseTensor):
         return tf.sparse.concat(axis=0, sp_inputs=values)
-    return tf.concat([tf.convert_to_tensor(v) for v in values], axis=0)
+    tensors = [tf.convert_to_tensor(v) for v in values]
+    if stack_scalars and all(t.shape.rank == 0 for t in tensors):
+        return tf.stack(tensors, axis=0)
+    return tf.concat(tensors, axis=0)
 
 
 def merge_export_outputs(specs):
@@ -104,14 +104,15 @@ def merge_export_outputs(specs):
         if any(type(o) is not cls for o in outputs):
             raise ValueError("replicate_model_fn: towers returned different export output "
                              "types for %r" % key)
+        def joined(field):
+            return None if getattr(output, field) is None else concat(
+                [getattr(o, field) for o in outputs], stack_scalars=True)
         if "RegressionOutput" in kinds:
-            merged[key] = cls(value=concat([o.value for o in outputs]))
+            merged[key] = cls(value=joined("value"))
         elif "ClassificationOutput" in kinds:
-            scores = None if output.scores is None else concat([o.scores for o in outputs])
-            classes = None if output.classes is None else concat([o.classes for o in outputs])
-            merged[key] = cls(scores=scores, classes=classes)
+            merged[key] = cls(scores=joined("scores"), classes=joined("classes"))
         elif "PredictOutput" in kinds:
-            merged[key] = cls(outputs=concat([o.outputs for o in outputs]))
+            merged[key] = cls(outputs=joined("outputs"))
         else:
             raise TypeError("replicate_model_fn cannot merge export output %r of type %s"
                             % (key, cls.__name__))
@@ -147,8 +148,10 @@ def merge_metrics(specs, metric_vars, consolidation):
         return dict(ops[0])
     counts = [len(v) for v in metric_vars]
     if len(set(counts)) > 1:
-        raise ValueError("replicate_model_fn: towers created different numbers of metric "
-                         "variables: %s" % counts)
+        raise ValueError(
+            "Different `EstimatorSpec.eval_metric_ops` across `model_fn()` calls. Expected "
+            "%d local variables, but got %d instead: the towers created %s metric variables."
+            % (counts[0] * len(counts), sum(counts), counts))
     update_ops = [update for o in ops for _, update in o.values()]
     reductions = []
     with tf.device(consolidation), tf.compat.v1.name_scope("reduce_metric_variables"):

@@ -9,6 +9,17 @@ _VARIABLE_OPS = frozenset((
     "MutableDenseHashTable", "MutableDenseHashTableV2"))
 
 
+def canonical_device(device):
+    """'/gpu:0' -> '/device:GPU:0': the spelling TF gives placed ops (and contrib gave)."""
+    return tf.DeviceSpec.from_string(device).to_string()
+
+
+def _merged(device, op_device):
+    """`device` with what the op's own (partial) device names taking precedence."""
+    spec = tf.DeviceSpec.from_string(device)
+    return spec.make_merged_spec(tf.DeviceSpec.from_string(op_device or "")).to_string()
+
+
 def local_devices():
     """All local GPUs, else all local CPU devices."""
     gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
@@ -38,11 +49,12 @@ def variable_device_fn(placement, devices, consolidation):
 
 
 def tower_device_fn(tower_device, variable_device):
-    """The device function of one tower: its ops on its device, variables elsewhere."""
+    """The device function of one tower: its ops on its device, variables elsewhere.
+
+    A device the op already names (an explicit ``tf.device`` inside the model_fn, even a
+    partial one like '/job:ps') wins field by field over the tower's.
+    """
     def device_fn(op):
-        if op.device:  # already placed (colocation or an explicit device)
-            return op.device
-        if op.type in _VARIABLE_OPS:
-            return variable_device(op)
-        return tower_device
+        target = variable_device(op) if op.type in _VARIABLE_OPS else tower_device
+        return _merged(target, op.device)
     return device_fn

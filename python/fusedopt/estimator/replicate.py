@@ -13,17 +13,19 @@ says. The model_fn's ``TowerOptimizer`` (``tower_optimizer.py``) applies the sum
 all towers' gradients once; the towers' specs become one (``merge.py``).
 """
 import contextlib
+import copy
+import functools
 import inspect
 
 import tensorflow as tf
 
 from fusedopt.estimator.merge import merge_specs
-from fusedopt.estimator.placement import (PLACEMENTS, consolidation_device, local_devices,
-                                          tower_device_fn, variable_device_fn)
+from fusedopt.estimator.placement import (PLACEMENTS, canonical_device, consolidation_device,
+                                          local_devices, tower_device_fn, variable_device_fn)
 from fusedopt.estimator.spec import ModeKeys
 from fusedopt.estimator.split import split_batch
-from fusedopt.estimator.tower_optimizer import (Reduction, clear_graph_state, graph_state,
-                                                unshared_message)
+from fusedopt.estimator.tower_optimizer import (SAME_CALLS, Reduction, clear_graph_state,
+                                                graph_state, unshared_message)
 
 __all__ = ["replicate_model_fn"]
 
@@ -58,9 +60,9 @@ def replicate_model_fn(model_fn, loss_reduction=Reduction.SUM_BY_NONZERO_WEIGHTS
       ValueError: ``loss_reduction`` is NONE or unknown, ``devices`` is empty, or
         ``variable_placement`` is unknown.
     """
-    devices = None if devices is None else list(devices)
+    devices = None if devices is None else [canonical_device(d) for d in devices]
     _check_arguments(loss_reduction, devices, variable_placement)
-    model_fn_params = set(inspect.signature(model_fn).parameters)
+    model_fn_params = model_fn_arguments(model_fn)
 
     def replicated_model_fn(features, labels, mode, params=None, config=None):
         tower_devices = devices if devices is not None else local_devices()
@@ -72,11 +74,33 @@ def replicate_model_fn(model_fn, loss_reduction=Reduction.SUM_BY_NONZERO_WEIGHTS
     return replicated_model_fn
 
 
+def model_fn_arguments(model_fn):
+    """The names among features/labels/mode/params/config that model_fn takes.
+
+    As Estimator decides: by name, in any order; arguments a ``functools.partial`` binds
+    by keyword are not passed again; ``**kwargs`` receives nothing.
+    """
+    try:
+        parameters = inspect.signature(model_fn).parameters
+    except (TypeError, ValueError) as error:
+        raise TypeError("replicate_model_fn: cannot read the arguments of model_fn %r: %s"
+                        % (model_fn, error)) from None
+    names = {name for name, p in parameters.items()
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if isinstance(model_fn, functools.partial):
+        names -= set(model_fn.keywords)
+    if "features" not in names:
+        raise ValueError("model_fn (%r) must include features argument." % (model_fn,))
+    return names & {"features", "labels", "mode", "params", "config"}
+
+
 def _check_arguments(loss_reduction, devices, variable_placement):
+    # Contrib's words first (users and tests match on them), then ours.
     if loss_reduction == Reduction.NONE:
         raise ValueError(
-            "replicate_model_fn does not support loss_reduction=NONE: every tower's loss "
-            "must be a scalar. Use SUM, MEAN, SUM_OVER_BATCH_SIZE or "
+            "Tower losses need to be reduced in some way, yet none reduction is specified: "
+            "replicate_model_fn does not support loss_reduction=NONE (every tower's loss "
+            "must be a scalar). Use SUM, MEAN, SUM_OVER_BATCH_SIZE or "
             "SUM_BY_NONZERO_WEIGHTS.")
     if loss_reduction not in Reduction.all():
         raise ValueError("Unknown loss_reduction %r; expected one of %s"
@@ -89,16 +113,30 @@ def _check_arguments(loss_reduction, devices, variable_placement):
 
 
 def _tower_inputs(model_fn_params, features, labels, mode, params, config, n):
-    """[(features, keyword arguments)] of each tower's model_fn call."""
+    """The keyword arguments of each tower's model_fn call.
+
+    By keyword and only those model_fn takes, as Estimator calls a model_fn. params and
+    config are copied per tower (as contrib did), so a model_fn that changes them (e.g.
+    ``params.pop``) sees the same values in every tower.
+    """
+    if "labels" not in model_fn_params and labels is not None:
+        raise ValueError("model_fn does not take labels, but input_fn returns labels.")
     feature_shards = split_batch(features, n, "features")
     label_shards = split_batch(labels, n, "labels")
-    if "labels" not in model_fn_params and labels is not None:
-        raise ValueError("model_fn does not take labels, but labels were given")
-    given = {"mode": mode, "params": params, "config": config}
-    kwargs = {k: v for k, v in given.items() if k in model_fn_params}
-    if "labels" not in model_fn_params:
-        return [(f, kwargs) for f in feature_shards]
-    return [(f, dict(kwargs, labels=l)) for f, l in zip(feature_shards, label_shards)]
+    towers = []
+    for i in range(n):
+        kwargs = {"features": feature_shards[i], "labels": label_shards[i], "mode": mode,
+                  "params": _copied(params), "config": _copied(config)}
+        towers.append({k: v for k, v in kwargs.items() if k in model_fn_params})
+    return towers
+
+
+def _copied(value):
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # pylint: disable=broad-except
+        # e.g. graph tensors or locks inside params: passed as they are
+        return value
 
 
 def _build_replicated(model_fn, model_fn_params, features, labels, mode, params, config,
@@ -130,16 +168,16 @@ def _check_optimizer_calls(state):
     """With several towers in TRAIN mode: each tower made the same TowerOptimizer calls."""
     if not state.used:
         raise ValueError(
-            "replicate_model_fn with %d towers needs the model_fn's optimizer "
-            "wrapped in fusedopt.estimator.TowerOptimizer (e.g. "
+            "Please wrap optimizers with TowerOptimizer in order to use "
+            "replicate_model_fn with multiple `devices`: with %d towers the model_fn's "
+            "optimizer must be wrapped in fusedopt.estimator.TowerOptimizer (e.g. "
             "TowerOptimizer(fusedopt.compat.v1.LazyAdamOptimizer(1e-3))); "
             "otherwise every tower would update the variables on its own."
             % state.number_of_towers)
     if len(set(state.calls_per_tower)) > 1:
         raise ValueError(
-            "replicate_model_fn: the towers made different optimizer calls: "
-            "apply_gradients calls per tower: %s. The model_fn must make the same "
-            "TowerOptimizer calls in every tower." % state.calls_per_tower)
+            "%s the towers made different optimizer calls: apply_gradients calls per "
+            "tower: %s." % (SAME_CALLS, state.calls_per_tower))
 
 
 def _build_towers(model_fn, inputs, devices, variable_device, state):
@@ -148,12 +186,12 @@ def _build_towers(model_fn, inputs, devices, variable_device, state):
     state.outer_scopes = (tf.compat.v1.get_variable_scope(),
                           outer_name_scope + "/" if outer_name_scope else "")
     specs, metric_vars = [], []
-    for i, (device, (features, kwargs)) in enumerate(zip(devices, inputs)):
+    for i, (device, kwargs) in enumerate(zip(devices, inputs)):
         state.tower_index = i
         state.calls_in_tower = 0
         metrics_before = len(tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.METRIC_VARIABLES))
         trainable_before = len(tf.compat.v1.trainable_variables())
-        specs.append(_call_in_tower(model_fn, features, kwargs, i, len(devices),
+        specs.append(_call_in_tower(model_fn, kwargs, i, len(devices),
                                     tower_device_fn(device, variable_device)))
         if i > 0 and len(tf.compat.v1.trainable_variables()) != trainable_before:
             raise ValueError(unshared_message(
@@ -166,13 +204,17 @@ def _build_towers(model_fn, inputs, devices, variable_device, state):
     return specs, metric_vars
 
 
-def _call_in_tower(model_fn, features, kwargs, tower, number_of_towers, device_fn):
-    """model_fn in tower `tower`'s scopes: variables reused after tower 0."""
+def _call_in_tower(model_fn, kwargs, tower, number_of_towers, device_fn):
+    """model_fn in tower `tower`'s scopes: variables reused after tower 0.
+
+    Tower 0 has no name scope (as in contrib): names without a prefix are those of the
+    model_fn alone (tower 0's ops), towers 1..N-1 are under ``tower_<i>/``.
+    """
+    del number_of_towers
     scope = tf.compat.v1.get_variable_scope()
     with tf.compat.v1.variable_scope(scope, reuse=True if tower > 0 else None,
                                      auxiliary_name_scope=False):
-        # One tower: no name scope, the graph is that of model_fn alone.
-        with (tf.compat.v1.name_scope("tower_%d" % tower) if number_of_towers > 1
+        with (tf.compat.v1.name_scope("tower_%d" % tower) if tower > 0
               else contextlib.nullcontext()):
             with tf.compat.v1.device(device_fn):
-                return model_fn(features, **kwargs)
+                return model_fn(**kwargs)

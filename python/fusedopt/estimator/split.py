@@ -35,15 +35,22 @@ def _split_tensor(tensor, n, path):
         raise ValueError("replicate_model_fn: %s is a scalar; cannot split it into %d towers"
                          % (path, n))
     batch = tf.compat.dimension_value(tensor.shape[0]) if tensor.shape.rank else None
-    message = ("replicate_model_fn: the batch size of %s is not divisible by the number of "
-               "towers (%d); make the batch size a multiple of it" % (path, n))
     if batch is not None:
         if batch % n:
-            raise ValueError("%s: batch size %d." % (message, batch))
+            raise ValueError(_not_divisible(path, n, batch))
         return tf.split(tensor, n, axis=0)
+    message = _not_divisible(path, n)
     # Unknown batch size: checked when the graph runs.
     check = tf.compat.v1.assert_equal(tf.math.floormod(tf.shape(tensor)[0], n), 0,
                                       message=message)
     with tf.control_dependencies([check]):
         tensor = tf.identity(tensor)
     return tf.split(tensor, n, axis=0)
+
+
+def _not_divisible(path, n, batch=None):
+    # Contrib's words first (users and tests match on them), then ours.
+    size = "Batch size" if batch is None else "Batch size %d" % batch
+    return ("%s needs to be divisible by the number of GPUs, which is %d: "
+            "replicate_model_fn: the batch size of %s is not divisible by the number of "
+            "towers (%d); make the batch size a multiple of it." % (size, n, path, n))

@@ -11,6 +11,9 @@ Reduction = tf.compat.v1.losses.Reduction
 
 COLLECTION_FOR_GRAPH_STATES = "replicate_model_fn_graph_states"
 
+# contrib's words: users and tests match on them
+SAME_CALLS = "Each invocation of model_fn was supposed to make the same optimizer calls:"
+
 
 class GraphState:
     """What the TowerOptimizers of one replicated model_fn call share (one per graph)."""
@@ -149,10 +152,9 @@ class TowerOptimizer(tf.compat.v1.train.Optimizer):
         collected = state.collected[call]
         if len(collected) != state.tower_index:
             raise ValueError(
-                "replicate_model_fn: the towers made different optimizer calls: tower %d "
-                "made apply_gradients call #%d, which tower(s) %s did not make. The "
-                "model_fn must make the same TowerOptimizer calls in every tower."
-                % (state.tower_index, call + 1,
+                "%s the towers made different optimizer calls: tower %d made "
+                "apply_gradients call #%d, which tower(s) %s did not make."
+                % (SAME_CALLS, state.tower_index, call + 1,
                    sorted(set(range(state.tower_index)) - {t for t, _, _ in collected})))
         unshared = [v for _, v in grads_and_vars
                     if state.shared_variables is not None
@@ -199,15 +201,16 @@ def _check_same_call(first, this, call):
     vars1 = [v for _, v in gv]
     if type0 is not type1:
         raise ValueError(
-            "replicate_model_fn: the towers made different optimizer calls: apply_gradients "
-            "call #%d uses %s in tower %d but %s in tower %d."
-            % (call + 1, type0.__name__, tower0, type1.__name__, tower))
+            "%s the towers made different optimizer calls: apply_gradients call #%d uses "
+            "%s in tower %d but %s in tower %d."
+            % (SAME_CALLS, call + 1, type0.__name__, tower0, type1.__name__, tower))
     if len(vars0) != len(vars1) or any(a is not b for a, b in zip(vars0, vars1)):
         raise ValueError(
-            "replicate_model_fn: the towers made different optimizer calls: apply_gradients "
-            "call #%d updates %s in tower %d but %s in tower %d (variables must be shared "
-            "between towers: create them with tf.compat.v1.get_variable)."
-            % (call + 1, [v.name for v in vars0], tower0, [v.name for v in vars1], tower))
+            "%s the towers made different optimizer calls: apply_gradients call #%d "
+            "updates %s in tower %d but %s in tower %d (variables must be shared between "
+            "towers: create them with tf.compat.v1.get_variable)."
+            % (SAME_CALLS, call + 1, [v.name for v in vars0], tower0,
+               [v.name for v in vars1], tower))
 
 
 def _sum_towers(collected, grads_and_vars):
