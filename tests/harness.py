@@ -300,3 +300,50 @@ def describe_exit(proc):
 
         return "killed by %s" % signal.Signals(-proc.returncode).name
     return "exit status %d" % proc.returncode
+
+
+# --- dtypes the fused ops do not take (issue 29, item 4) --------------------------------
+
+FALLBACK_DTYPES = ["complex64", "complex128", "int32"]
+
+
+def _fallback_var(dtype):
+    if dtype.startswith("complex"):
+        return np.array([[1 + 2j, 3 - 1j], [0.5, -2j], [1, 1j]], dtype)
+    return np.array([[1, 3], [2, -1], [0, 4]], dtype)
+
+
+def _fallback_grad(dtype, sparse):
+    values = (np.array([[0.5 + 0.1j, -0.2j], [0.3, 1 - 1j], [-1j, 0.25]], dtype)
+              if dtype.startswith("complex") else np.array([[1, -2], [3, 1], [2, 2]], dtype))
+    if sparse:  # rows 2, 0, 2: a duplicate
+        return tf.IndexedSlices(tf.constant(values), tf.constant([2, 0, 2]),
+                                tf.constant([3, 2]))
+    return tf.constant(values)
+
+
+def run_fallback(make_optimizer, dtype, sparse, make_variable=tf.Variable):
+    """Three steps on a `dtype` variable: (var, optimizer variables), or the exception type."""
+    var = make_variable(_fallback_var(dtype))
+    opt = make_optimizer()
+    try:
+        for _ in range(3):
+            opt.apply_gradients([(_fallback_grad(dtype, sparse), var)])
+    except Exception as error:  # pylint: disable=broad-except
+        return type(error)
+    variables = opt.variables() if callable(opt.variables) else opt.variables  # Keras 2: a method
+    return [np.asarray(var.numpy())] + [np.asarray(v.numpy()) for v in variables]
+
+
+def check_fallback_is_the_replaced_class(ours, theirs, dtype, sparse, equal, must_train):
+    """Ours behaves as theirs: both raise the same error type, or give the same numbers."""
+    if isinstance(theirs, type):
+        assert ours is theirs, (ours, theirs)
+        assert not must_train, theirs
+        return
+    assert not isinstance(ours, type), ours
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        equal(a, b)
+    if must_train:
+        assert not np.array_equal(ours[0], _fallback_var(dtype))

@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 from absl.testing import parameterized
 
+import harness
 import numpy_reference as npref
 from fusedopt import ops, rules
 from fusedopt.compat import v1 as fv1
@@ -857,3 +858,85 @@ class DemoTest(tf.test.TestCase, parameterized.TestCase):
         self.assertEqual(first, base_first)  # same initial values and data
         self.assertLess(final, first - 0.005)
         self.assertLess(abs(final - base_final), 0.02)
+
+
+# --- dtypes the fused ops do not take: the rule in composed TF ops (issue 29, item 4) ---
+
+# The TF class each reproduces on its dense path (contrib's LazyAdam is Adam's dense update;
+# contrib's AdaMax has no complex kernel, as ApplyAdaMax has none).
+_ANCHORS = {"LazyAdamOptimizer": "AdamOptimizer", "AdagradOptimizer": "AdagradOptimizer",
+            "RMSPropOptimizer": "RMSPropOptimizer", "AdamaxOptimizer": None}
+
+
+def _close(a, b):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+class ComplexDtypeTest(tf.test.TestCase, parameterized.TestCase):
+    """complex variables train as under TF's optimizers (which take them); integers are
+    refused as TF's are."""
+
+    def _pair(self, name, dtype, sparse):
+        make = {"ours": lambda: getattr(fv1, name)(0.1)}
+        if _ANCHORS[name] is not None:
+            make["tf"] = lambda: getattr(tf.compat.v1.train, _ANCHORS[name])(0.1)
+        return {k: harness.run_fallback(f, dtype, sparse) for k, f in make.items()}
+
+    @parameterized.product(name=sorted(_ANCHORS), dtype=["complex64", "complex128"],
+                           sparse=[False, True])
+    def test_complex_trains_as_tf_does(self, name, dtype, sparse):
+        got = self._pair(name, dtype, sparse)
+        if name == "AdamaxOptimizer":  # neither ApplyAdaMax nor tf.maximum takes complex
+            self.assertIs(got["ours"], tf.errors.InvalidArgumentError)
+            return
+        if name == "LazyAdamOptimizer" and sparse:
+            # lazy: row 1 (untouched) keeps its moments, unlike TF's Adam; the real case
+            # of the same numbers is the fused float64 op's
+            self._check_lazy_adam_sparse_against_float64(dtype)
+            return
+        # variable and slots; TF's Adam lists its beta powers last, ours first
+        ours, theirs = got["ours"], got["tf"]
+        self.assertNotIsInstance(ours, type)
+        _close(ours[0], theirs[0])
+        self.assertFalse(np.array_equal(ours[0], harness._fallback_var(dtype)))
+
+    def _check_lazy_adam_sparse_against_float64(self, dtype):
+        values = np.array([[0.5, -0.2], [0.3, 1.0], [-1.0, 0.25]])
+        start = np.array([[1.0, 3.0], [0.5, -2.0], [1.0, 1.0]])
+        out = []
+        for dt in (dtype, "float64"):
+            var = tf.Variable(start.astype(dt))
+            opt = fv1.LazyAdamOptimizer(0.1)
+            for _ in range(3):
+                opt.apply_gradients([(tf.IndexedSlices(tf.constant(values.astype(dt)),
+                                                       tf.constant([2, 0, 2]),
+                                                       tf.constant([3, 2])), var)])
+            out.append(var.numpy())
+        np.testing.assert_array_equal(out[0].imag, 0)
+        _close(out[0].real, out[1])
+        np.testing.assert_array_equal(out[1][1], start[1])  # row 1 untouched
+
+    def test_complex_ref_variables_in_a_graph(self):
+        """The ref-variable path (Session graphs): TF's AdagradOptimizer's numbers."""
+        results = []
+        for make in (lambda: fv1.AdagradOptimizer(0.1),
+                     lambda: tf.compat.v1.train.AdagradOptimizer(0.1)):
+            with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+                var = tf.compat.v1.get_variable(
+                    "w", initializer=harness._fallback_var("complex64"), use_resource=False)
+                opt = make()
+                train = [opt.apply_gradients([(harness._fallback_grad("complex64", s), var)])
+                         for s in (False, True)]
+                sess.run(tf.compat.v1.global_variables_initializer())
+                for _ in range(2):
+                    for op in train:  # one at a time: their order is part of the numbers
+                        sess.run(op)
+                results.append(sess.run(var))
+        _close(results[0], results[1])
+
+    def test_integer_variables_are_refused_as_tf_refuses_them(self):
+        for name in ("AdagradOptimizer", "RMSPropOptimizer", "LazyAdamOptimizer"):
+            got = self._pair(name, "int32", sparse=False)
+            self.assertIsInstance(got["ours"], type)
+            self.assertTrue(issubclass(got["ours"], Exception))
+            self.assertIsInstance(got["tf"], type)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import harness
 import numpy_reference as npref
 
 keras = tf.keras
@@ -428,3 +429,20 @@ def test_keras_file_interchange_with_keras_adam(tmp_path, direction):
     loaded.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
     for a, b in zip(model.get_weights(), loaded.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+# --- dtypes the fused ops do not take: Keras's own update (issue 29, item 4) -------------
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize("dtype", harness.FALLBACK_DTYPES)
+@pytest.mark.parametrize("rule", sorted(PAIRS))
+def test_dtypes_the_ops_do_not_take_run_keras_own_update(rule, dtype, sparse):
+    """complex and integer variables: the same numbers (bit for bit) or the same error as
+    the Keras class replaced, never our op's dtype error."""
+    ours, theirs = (harness.run_fallback(lambda w=which: make(rule, w, learning_rate=0.1),
+                                         dtype, sparse) for which in (0, 1))
+    # what Keras 3 itself trains (its Adamax, its sparse complex updates and complex128
+    # Adam raise: ours raise the same)
+    must_train = KERAS3 and dtype == "complex64" and not sparse and rule != "adamax"
+    harness.check_fallback_is_the_replaced_class(ours, theirs, dtype, sparse,
+                                                 np.testing.assert_array_equal, must_train)

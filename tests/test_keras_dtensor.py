@@ -213,3 +213,53 @@ else:
         got = _train_keras_model(kind)
         for a, b in zip(got, expected):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+    def _sparse_steps(make_table, opt, steps=4):
+        """Embedding steps: tf.gather of duplicate ids inside a tf.function (a sparse
+        tf.IndexedSlices gradient), as a replicated-table data-parallel model has."""
+        table = make_table(np.random.default_rng(3).uniform(-1, 1, (6, 4)).astype(np.float32))
+        rng = np.random.default_rng(4)
+        batches = [(rng.integers(0, 5, size=8).astype(np.int32),  # row 5 never named
+                    rng.normal(size=(8, 4)).astype(np.float32)) for _ in range(steps)]
+
+        @tf.function
+        def step(ids, target):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.square(tf.gather(table, ids) - target))
+            grad = tape.gradient(loss, [table])
+            assert isinstance(grad[0], tf.IndexedSlices)
+            opt.apply_gradients(zip(grad, [table]))
+
+        return table, batches, step
+
+    def test_sparse_gradient_in_tf_function_on_a_mesh():
+        """Issue 29, item 5: the composed sparse form uses only ops DTensor lays out
+        (it failed with "'tf.UnsortedSegmentMax' op does not implement layout
+        propagation"); numbers of Keras's own Adagrad on one device."""
+        mesh = dtensor.create_mesh([("batch", 2)], devices=DEVICES)
+
+        def on_mesh(x):
+            return dtensor.DVariable(dtensor.copy_to_mesh(
+                tf.constant(x), dtensor.Layout.replicated(mesh, rank=x.ndim)))
+
+        def replicated(ids, target):
+            rep = dtensor.Layout.replicated
+            return (dtensor.copy_to_mesh(tf.constant(ids), rep(mesh, rank=1)),
+                    dtensor.copy_to_mesh(tf.constant(target), rep(mesh, rank=2)))
+
+        results = []
+        for make, opt, feed in (
+                (on_mesh, fd.Adagrad(learning_rate=0.1, epsilon=0.05, mesh=mesh), replicated),
+                (tf.Variable, K.optimizers.Adagrad(learning_rate=0.1, epsilon=0.05),
+                 lambda ids, t: (tf.constant(ids), tf.constant(t)))):
+            table, batches, step = _sparse_steps(make, opt)
+            start = table.numpy() if not isinstance(table, dtensor.DVariable) else \
+                dtensor.relayout(table.read_value(), dtensor.Layout.replicated(
+                    mesh, rank=2)).numpy()
+            for ids, target in batches:
+                step(*feed(ids, target))
+            results.append((start, table.read_value().numpy()))
+        (start, got), (_, expected) = results
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(got[5], start[5])  # never named: untouched
+        assert not np.allclose(got[:5], start[:5])

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import harness
 import numpy_reference as npref
 
 TF_VERSION = tuple(int(x) for x in tf.__version__.split(".")[:2])
@@ -419,3 +420,20 @@ else:
         assert type(loaded.optimizer) is fl.Adamax
         for a, b in zip(model.optimizer.get_weights(), loaded.optimizer.get_weights()):
             np.testing.assert_array_equal(a, b)
+
+    # --- dtypes the fused ops do not take: Keras 2's own update (issue 29, item 4) -------
+
+    @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+    @pytest.mark.parametrize("dtype", harness.FALLBACK_DTYPES)
+    @pytest.mark.parametrize("rule", sorted(PAIRS))
+    def test_dtypes_the_ops_do_not_take_run_keras_own_update(rule, dtype, sparse):
+        """complex and integer variables: the same numbers (bit for bit) or the same error
+        as the Keras 2 class replaced, never our op's dtype error."""
+        ours, theirs = (harness.run_fallback(
+            lambda cls=cls: cls(learning_rate=0.1, **npref.ORACLES[rule].LEGACY_KWARGS),
+            dtype, sparse) for cls in PAIRS[rule])
+        # what Keras 2 trains: complex Adam, Adagrad, RMSprop (no AdaMax kernel for complex)
+        must_train = dtype.startswith("complex") and rule != "adamax"
+        harness.check_fallback_is_the_replaced_class(ours, theirs, dtype, sparse,
+                                                     np.testing.assert_array_equal,
+                                                     must_train)

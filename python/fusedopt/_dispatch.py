@@ -79,12 +79,37 @@ def apply(rule, variable, slots, grad, hyper, options=None, composed=False,
                             **options)
 
 
+# What the fused ops take (cc/tf/op_defs.h): other dtypes (complex, integers) run the
+# replaced class's own update in every front end.
+FUSED_DTYPES = frozenset((tf.float16, tf.bfloat16, tf.float32, tf.float64))
+FUSED_INDEX_DTYPES = frozenset((tf.int32, tf.int64))
+
+
+def covers(variable, indices=None):
+    """Whether fusedopt's ops take an update of `variable` (with these sparse `indices`)."""
+    try:
+        dtype = tf.as_dtype(unwrap(variable).dtype).base_dtype
+    except TypeError:
+        return False
+    return dtype in FUSED_DTYPES and (
+        indices is None or tf.as_dtype(indices.dtype) in FUSED_INDEX_DTYPES)
+
+
+def covers_gradient(grad):
+    """covers() from the gradient alone (its dtype is the variable's in Keras)."""
+    if isinstance(grad, tf.IndexedSlices):
+        return (grad.values.dtype.base_dtype in FUSED_DTYPES
+                and grad.indices.dtype in FUSED_INDEX_DTYPES)
+    return grad is None or tf.as_dtype(grad.dtype).base_dtype in FUSED_DTYPES
+
+
 def groupable(variable, grad):
-    """Whether the group op can take this update: a dense gradient of a resource variable."""
+    """Whether the group op can take this update: a dense gradient of a resource variable
+    of a dtype the ops take."""
     variable = unwrap(variable)
     return (grad is not None and not isinstance(grad, tf.IndexedSlices)
             and isinstance(variable, tf.Variable) and hasattr(variable, "handle")
-            and variable.dtype != tf.resource)
+            and variable.dtype != tf.resource and covers(variable))
 
 
 def apply_group(rule, updates, hyper_for, options=None, use_locking=False, packs=None):

@@ -189,7 +189,10 @@ def masked_sparse_update(rule, var, slots, grad, indices, **hyper_and_options):
     grad = tf.convert_to_tensor(grad)
     summed = tf.math.unsorted_segment_sum(tf.cast(grad, _compute_dtype(grad.dtype)), indices,
                                           rows)
-    touched = tf.math.unsorted_segment_max(tf.ones_like(indices, tf.int32), indices, rows) > 0
+    # How many ids name each row (> 0: touched). A sum, not a max: DTensor lays out
+    # UnsortedSegmentSum but not UnsortedSegmentMax; float32 counts cannot overflow to 0.
+    touched = tf.math.unsorted_segment_sum(tf.ones_like(indices, tf.float32), indices,
+                                           rows) > 0
     touched = tf.logical_and(touched, all_valid)  # XLA: a bad index writes nothing
     touched = tf.reshape(touched, tf.concat([[rows], tf.ones([tf.rank(var) - 1], tf.int32)], 0))
     slots = [tf.convert_to_tensor(s) for s in slots]

@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from fusedopt import ops as _fused_ops
 from fusedopt import rules as _rules
-from fusedopt import _dispatch
+from fusedopt import _dispatch, reference
 from fusedopt.rules._front import REQUIRED, ArgOr, NonSlot
 
 
@@ -186,6 +186,8 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
         return values
 
     def _fused_update(self, variant, var, grad, indices=None):
+        if not _dispatch.covers(var, indices):
+            return self._composed_update(var, grad, indices)
         dtype = var.dtype.base_dtype
         args = [var] + [self.get_slot(var, name) for name, _ in self._SPEC.slots]
         args += [tf.cast(h, dtype) for h in self._op_hyper()]
@@ -195,8 +197,22 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
         fn = getattr(_fused_ops, "%s_%s" % (variant, self._RULE))
         return fn(*args, use_locking=self._use_locking, **self._SPEC.options)
 
+    def _composed_update(self, var, grad, indices):
+        """Dtypes the ops do not take (complex, ...): the rule in composed TF ops, the
+        same math as the replaced class's update (TF's v1 optimizers take complex)."""
+        slots = [self.get_slot(var, name) for name, _ in self._SPEC.slots]
+        hyper = dict(zip(_fused_ops.RULES[self._RULE]["hyper"], self._op_hyper()))
+        if indices is None:
+            update = reference.apply_dense(self._RULE, var, slots, grad, **hyper,
+                                           **self._SPEC.options)
+        else:
+            update = reference.apply_sparse(self._RULE, var, slots, grad, indices, **hyper,
+                                            **self._SPEC.options)
+        # None in eager mode and tf.function (automatic control dependencies order it)
+        return update if update is not None or tf.executing_eagerly() else tf.no_op()
+
     def _apply_dense(self, grad, var):
-        return self._fused_update("apply", var, grad).op
+        return _op_of(self._fused_update("apply", var, grad))
 
     def _resource_apply_dense(self, grad, var):
         if (self._pending_dense is not None and getattr(var, "constraint", None) is None
@@ -208,7 +224,7 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
     # The kernels sum repeated indices themselves: no Python-level dedup
     # (tf.compat.v1.train.Optimizer's default would add unique + unsorted_segment_sum).
     def _apply_sparse_duplicate_indices(self, grad, var):
-        return self._fused_update("sparse_apply", var, grad.values, grad.indices).op
+        return _op_of(self._fused_update("sparse_apply", var, grad.values, grad.indices))
 
     def _apply_sparse(self, grad, var):
         return self._apply_sparse_duplicate_indices(grad, var)
@@ -218,6 +234,11 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
 
     def _resource_apply_sparse(self, grad, var, indices):
         return self._resource_apply_sparse_duplicate_indices(grad, var, indices)
+
+
+def _op_of(update):
+    """The op of a ref-variable update (the fused ops return the variable's tensor)."""
+    return update if update is None or isinstance(update, tf.Operation) else update.op
 
 
 def _signature(spec):

@@ -80,7 +80,9 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
         # gets its deduplicated gradient. Keras 3 has no such step.
         if self._keeps_own_update():
             return super()._deduplicate_sparse_grad(grads)
-        return grads
+        own = super()._deduplicate_sparse_grad
+        return [g if _dispatch.covers_gradient(g) else own([g])[0]
+                for g in grads]
 
     def _hyper(self, variable, learning_rate):
         dtype = variable.dtype
@@ -96,7 +98,10 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
         return hyper
 
     def update_step(self, gradient, variable, learning_rate=None):
-        if self._keeps_own_update():
+        # Settings the rule does not cover (amsgrad, ...) and dtypes the ops do not take
+        # (complex, integers): the replaced class's own update, as if unswapped.
+        indices = gradient.indices if isinstance(gradient, tf.IndexedSlices) else None
+        if self._keeps_own_update() or not _dispatch.covers(variable, indices):
             base = super()
             return (base.update_step(gradient, variable) if learning_rate is None
                     else base.update_step(gradient, variable, learning_rate))

@@ -94,18 +94,23 @@ class _FusedApply(_packs.PacksOfOptimizer):
         # may list as a dependency (the member packs' SavedModel dependencies skip them).
         return [slot for slots in self._slots.values() for slot in slots.values()]
 
+    # Settings the rule does not cover (amsgrad, ...) and dtypes the ops do not take
+    # (complex, integers): the replaced class's own update, as if unswapped.
+    def _own_update(self, var, indices=None):
+        return self._keeps_own_update() or not _dispatch.covers(var, indices)
+
     def _resource_apply_dense(self, grad, var, apply_state=None):
-        if self._keeps_own_update():
+        if self._own_update(var):
             return super()._resource_apply_dense(grad, var, apply_state)
         return self._fused(grad, var, apply_state)
 
     def _resource_apply_sparse(self, grad, var, indices, apply_state=None):
-        if self._keeps_own_update():
+        if self._own_update(var, indices):
             return super()._resource_apply_sparse(grad, var, indices, apply_state)
         return self._fused(tf.IndexedSlices(grad, indices), var, apply_state)
 
     def _resource_apply_sparse_duplicate_indices(self, grad, var, indices, **kwargs):
-        if self._keeps_own_update():
+        if self._own_update(var, indices):
             return super()._resource_apply_sparse_duplicate_indices(grad, var, indices,
                                                                     **kwargs)
         # The sparse ops sum duplicate indices themselves.
