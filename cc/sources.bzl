@@ -15,7 +15,7 @@ CORE_HDRS = [
     "cc/core/coalesce.h",
     "cc/core/sum_order.h",
     "cc/core/validate.h",
-    "cc/core/rules/adam.h",
+    "cc/core/rules/lazy_adam.h",
     "cc/core/rules/adamax.h",
     "cc/core/rules/adagrad.h",
     "cc/core/rules/rms_prop.h",
@@ -47,7 +47,7 @@ TF_HDRS = [
     "cc/tf/gpu_variables.h",  # used only with FUSEDOPT_CUDA
 ]
 TF_SRCS = [
-    "cc/tf/adam.cc",
+    "cc/tf/lazy_adam.cc",
     "cc/tf/adamax.cc",
     "cc/tf/adagrad.cc",
     "cc/tf/rms_prop.cc",

@@ -75,10 +75,10 @@ def test_member_packs():
     rng = np.random.default_rng(0)
     var, slots = _state("lazy_adam", (64, 16), rng)
     vs = [tf.Variable(x) for x in [var] + slots]
-    from fusedopt import _packs
-    alive = len(_packs._handles)  # packs other tests' optimizers still hold
+    from fusedopt import _pack_registry
+    alive = len(_pack_registry._handles)  # packs other tests' optimizers still hold
     assert_flat(lambda i: fops.variable_pack(vs), "member pack made and dropped")
-    assert len(_packs._handles) <= alive + 1  # the registry forgets dropped packs
+    assert len(_pack_registry._handles) <= alive + 1  # the registry forgets dropped packs
     pack = fops.variable_pack(vs)
     h = _hyper("lazy_adam")
     hyper = {n: tf.constant(h[n], tf.float32) for n in RULES["lazy_adam"]["hyper"]}

@@ -17,7 +17,7 @@ import pytest
 import tensorflow as tf
 
 import fusedopt.ops as fops
-from fusedopt import _dispatch, _packs
+from fusedopt import _dispatch, _pack_registry, _packs
 import harness
 import numpy_reference as npref
 
@@ -247,7 +247,7 @@ def test_reads_before_and_after_are_ordered(wrap):
 def test_ordering_would_fail_without_the_resolver(wrap, monkeypatch):
     """The check above can fail: with the resolver blind (no pack has known members), no
     read is ordered after the update (the pack hides the members from TF)."""
-    monkeypatch.setattr(_packs, "pack_members", lambda pack: [])
+    monkeypatch.setattr(_pack_registry, "pack_members", lambda pack: [])
     variables = _state_vars("lazy_adam", "float", shapes=[(2,)])
     flat = _flat(variables)
     pack = fops.variable_pack(flat)
@@ -328,7 +328,7 @@ def test_keras3_step_packed_identical_and_read_after_sees_it(name, kwargs, monke
 def test_keras3_under_xla_uses_the_list_op():
     _, types = _keras_run(jit=True)
     assert "FusedOpt>ResourceGroupApplyLazyAdam" in types
-    assert not any(t.startswith(PACKED) or t == _packs.PACK_OP for t in types)
+    assert not any(t.startswith(PACKED) or t == _pack_registry.PACK_OP for t in types)
 
 
 @keras3_only

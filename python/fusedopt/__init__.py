@@ -15,6 +15,7 @@ __version__ = "0.2.0"
 
 from fusedopt import _loader
 
+_loader.package_version = __version__
 # fusedopt._core / _core_cuda are checked before Python dlopens them (a truncated file
 # would crash the process with SIGBUS instead of raising ImportError).
 _loader.install_import_check()

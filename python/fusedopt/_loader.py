@@ -25,6 +25,9 @@ EXTENSIONS = ("fusedopt._core", "fusedopt._core_cuda")
 
 _lock = threading.Lock()
 _library = None
+# The package's release, set by fusedopt/__init__.py (this module imports nothing of the
+# package: it sits below everything, and setup.py loads it by path).
+package_version = "0"
 
 
 def library_path():
@@ -175,9 +178,7 @@ def tensorflow_requirement(tf_version, distribution):
 
 def _wheel_hint(running):
     """'pip install fusedopt==<the wheel for the running TensorFlow>' (a line)."""
-    import fusedopt
-
-    wheel = wheel_version(fusedopt.__version__.split("+")[0], running,
+    wheel = wheel_version(package_version.split("+")[0], running,
                           tensorflow_distribution(running))
     major_minor = ".".join(_major_minor(running))
     return (f"or install fusedopt's wheel for TensorFlow {major_minor}:\n"

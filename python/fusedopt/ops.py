@@ -19,8 +19,12 @@ all elements, numbers identical to one ``resource_apply_<rule>`` per variable.
 ``resource_packed_group_apply_<rule>(pack, *hyper, grad)`` is the same update with the
 variables and slots in a member pack (``variable_pack([*vars, *slot0s, ...])``, made once):
 a step function captures one handle instead of one per variable and slot. Captured packs
-are ordered like the variables they hold: ``fusedopt._dispatch`` registers how (automatic
-control dependencies see the op as writing every member).
+are ordered like the variables they hold: ``fusedopt._pack_registry`` records each pack's
+members and registers how (automatic control dependencies see the op as writing every
+member).
+
+What the loaded library reports about itself (huge pages, buffer separation, vector
+instruction set) is in ``fusedopt.runtime``; the functions are also here, as before.
 
 Updates happen in place. Resource wrappers return the op (graph mode) or None (eager);
 ref wrappers return the updated variable's ref tensor, as TF's ``Apply*`` ops do.
@@ -30,7 +34,10 @@ import inspect
 
 import tensorflow as tf
 
-from fusedopt import _loader, rules
+from fusedopt import _loader, _pack_registry, rules
+from fusedopt.runtime import (HUGE_PAGE_STATS, SEPARATION_STATS,  # noqa: F401 - as before
+                              buffer_separation_stats, cpu_isa, huge_page_stats,
+                              xla_cpu_lowering)
 
 # rule -> {"op_name", "slots", "hyper", "options"}: the C++ declarations.
 RULES = rules.SPECS
@@ -143,12 +150,10 @@ def _apply_group(rule, variables, slots, hyper, grads, use_locking, options, nam
 
 
 def _apply_packed_group(rule, pack, hyper, grads, use_locking, options, name):
-    from fusedopt import _packs
-
     if not tf.executing_eagerly():
         pack = tf.convert_to_tensor(pack)
         graph = tf.compat.v1.get_default_graph()
-        if hasattr(graph, "captures") and _packs.pack_members(pack) is None:
+        if hasattr(graph, "captures") and _pack_registry.pack_members(pack) is None:
             # Automatic control dependencies order the op by the members it updates; a
             # pack they cannot trace to its members (a function argument) would leave
             # reads of those variables unordered.
@@ -179,9 +184,7 @@ def variable_pack(members, name=None):
         raise ValueError("members is empty: a pack needs at least one variable")
     pack = load_library().fused_opt_variable_pack(members=handles, name=name)
     if tf.executing_eagerly():  # for ordering in the functions that capture it
-        from fusedopt import _packs
-
-        _packs.register(pack, handles)
+        _pack_registry.register(pack, handles)
     return pack
 
 
@@ -240,72 +243,6 @@ for _rule in RULES:
     for _variant in ALL_VARIANTS:
         globals()[f"{_variant}_{_rule}"] = _make_wrapper(_rule, _variant)
 del _rule, _variant
-
-
-def xla_cpu_lowering():
-    """How the resource ops run inside XLA-compiled steps on the CPU: "custom_call" (the CPU
-    engine itself, called from XLA; TF >= 2.16, whose XLA has the typed FFI) or "hlo" (the
-    rule built as XLA operations; also what XLA:GPU runs, and FUSEDOPT_XLA_LOWERING=hlo)."""
-    import os
-
-    if os.environ.get("FUSEDOPT_XLA_LOWERING") == "hlo":
-        return "hlo"
-    header = os.path.join(tf.sysconfig.get_include(), "xla", "ffi", "api", "ffi.h")
-    return "custom_call" if os.path.exists(header) else "hlo"
-
-
-HUGE_PAGE_STATS = ("enabled", "advised_calls", "collapsed_buffers", "collapsed_bytes",
-                   "collapse_failures", "pending_bytes")
-
-
-def huge_page_stats():
-    """What the op library's CPU kernels did about huge pages (cc/core/huge_pages.h): for
-    variables and slots of 32 MB or more they advise transparent huge pages and collapse
-    the buffer to huge pages once, in a background thread. ``enabled`` is False with
-    ``FUSEDOPT_HUGE_PAGES=0``. ``collapsed_bytes`` grows while that thread works;
-    ``pending_bytes`` is what it still has to do."""
-    import ctypes
-
-    load_library()
-    library = ctypes.CDLL(_loader.library_path())  # the handle TF loaded: same counters
-    values = (ctypes.c_int64 * len(HUGE_PAGE_STATS))()
-    library.fusedopt_huge_page_stats(values)
-    stats = dict(zip(HUGE_PAGE_STATS, values))
-    stats["enabled"] = bool(stats["enabled"])
-    return stats
-
-
-SEPARATION_STATS = ("enabled", "moved_buffers", "moved_bytes", "failures")
-
-
-def buffer_separation_stats():
-    """Variable and slot buffers (1 MB or more) the CPU kernels moved because the L1 cache
-    could not hold them beside another buffer of the same update (cc/core/cache_alias.h):
-    addresses equal modulo 256 MB, as TF's allocator places equal-size large tensors, evict
-    each other on AMD Zen cores (a step several times slower). Each is moved once, its
-    values copied unchanged. ``enabled`` is False with ``FUSEDOPT_SEPARATE_BUFFERS=0``;
-    ``failures`` counts buffers left where they were (no memory for the copy)."""
-    import ctypes
-
-    load_library()
-    library = ctypes.CDLL(_loader.library_path())
-    values = (ctypes.c_int64 * len(SEPARATION_STATS))()
-    library.fusedopt_separation_stats(values)
-    stats = dict(zip(SEPARATION_STATS, values))
-    stats["enabled"] = bool(stats["enabled"])
-    return stats
-
-
-def cpu_isa():
-    """The vector instruction set of the op library's CPU element loops: ``"avx2"`` where
-    the CPU has it, else ``"baseline"`` (x86-64 SSE2; also with ``FUSEDOPT_CPU_ISA=baseline``).
-    Results are bit-identical either way (the same operations per element, no FMA)."""
-    import ctypes
-
-    load_library()
-    library = ctypes.CDLL(_loader.library_path())
-    library.fusedopt_cpu_isa.restype = ctypes.c_char_p
-    return library.fusedopt_cpu_isa().decode()
 
 
 # Loaded at import, not on first use: XLA lists its JIT kernels at the process's first XLA

@@ -4,7 +4,7 @@
 #define FUSEDOPT_CC_CORE_RULES_ALL_RULES_H_
 
 #include "cc/core/rules/adagrad.h"
-#include "cc/core/rules/adam.h"
+#include "cc/core/rules/lazy_adam.h"
 #include "cc/core/rules/adamax.h"
 #include "cc/core/rules/rms_prop.h"
 
@@ -19,7 +19,7 @@ struct RuleList {
   }
 };
 
-using AllRules = RuleList<AdamRule, AdamaxRule, AdagradRule, RmsPropRule>;
+using AllRules = RuleList<LazyAdamRule, AdamaxRule, AdagradRule, RmsPropRule>;
 
 }  // namespace fusedopt
 

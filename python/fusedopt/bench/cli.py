@@ -27,10 +27,10 @@ def run_scenario(name, tf, cfg, progress, quick):
 
 
 def parse_args(argv):
-    from fusedopt import bench
-
-    p = argparse.ArgumentParser(prog="python -m fusedopt.bench",
-                                description=bench.__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m fusedopt.bench",
+        description="fusedopt against what users would otherwise pick (package docstring "
+                    "of fusedopt.bench: how it measures).")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run for CI")
     p.add_argument("--out", default="bench_results", help="directory for results.json and the plot")
     p.add_argument("--markdown", help="also write the markdown report to this file")

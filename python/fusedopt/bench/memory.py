@@ -46,12 +46,12 @@ def sparse_lazy_adam_step(tf, cfg, rows, ids, num_batches):
 def wait_for_huge_pages(timeout_s=300):
     """Waits until the op library's background thread has collapsed what it was given
     (cc/core/huge_pages.h): a long run's steady state, not its first seconds."""
-    from fusedopt import ops
+    from fusedopt import runtime
 
     deadline = time.monotonic() + timeout_s
-    while ops.huge_page_stats()["pending_bytes"] > 0 and time.monotonic() < deadline:
+    while runtime.huge_page_stats()["pending_bytes"] > 0 and time.monotonic() < deadline:
         time.sleep(0.2)
-    return ops.huge_page_stats()
+    return runtime.huge_page_stats()
 
 
 def table_scaling(tf, cfg):

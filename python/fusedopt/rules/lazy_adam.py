@@ -1,6 +1,6 @@
 """Adam (TF ``ApplyAdam``, Keras ``Adam``); on sparse gradients only the named rows change.
 
-C++: ``cc/core/rules/adam.h`` (``AdamRule``).
+C++: ``cc/core/rules/lazy_adam.h`` (``LazyAdamRule``).
 """
 import tensorflow as tf
 

@@ -1,6 +1,6 @@
 """A/B of moving cache-aliased buffers apart (cc/core/cache_alias.h) through the TF ops.
 
-    python tools/separation_ab.py [--rounds 2] [--out FILE.json] [--quick]
+    python benchmarks/experiments/separation_ab.py [--rounds 2] [--out FILE.json] [--quick]
 
 Runs the same measurement in fresh processes with FUSEDOPT_SEPARATE_BUFFERS unset (on) and
 =0 (off), alternating, `rounds` times each. Each process builds `SETUPS` identical dense

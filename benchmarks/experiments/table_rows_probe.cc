@@ -6,7 +6,7 @@
 // Prints the median and 10th-percentile step of 200 steps over 16 cycled batches, and the
 // process's AnonHugePages (what the kernel actually gave).
 //
-//   g++ -O2 -mavx2 -pthread -o /tmp/rows tools/table_rows_probe.cc
+//   g++ -O2 -mavx2 -pthread -o /tmp/rows benchmarks/experiments/table_rows_probe.cc
 //   /tmp/rows ROWS HUGE DISTANCE [sorted]       e.g. /tmp/rows 10000000 1 8
 #include <sys/mman.h>
 

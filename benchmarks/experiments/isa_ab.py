@@ -1,6 +1,6 @@
 """A/B of the CPU element loop's two compilations (cc/core/cpu_isa.h) through the TF op.
 
-    python tools/isa_ab.py [--rounds 3] [--out FILE.json] [--quick]
+    python benchmarks/experiments/isa_ab.py [--rounds 3] [--out FILE.json] [--quick]
 
 Runs the same measurement in fresh processes with FUSEDOPT_CPU_ISA unset (AVX2 where the CPU
 has it) and =baseline (x86-64 SSE2), alternating, `rounds` times each: the dense LazyAdam op

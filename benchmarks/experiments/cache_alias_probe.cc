@@ -3,7 +3,7 @@
 // anonymous mapping. On AMD Zen, buffers agreeing modulo 2^28 make the loop several times
 // slower (BENCHMARKS.md, "Buffers the L1 cannot hold together").
 //
-//   g++ -O3 -fno-math-errno -o /tmp/probe tools/cache_alias_probe.cc
+//   g++ -O3 -fno-math-errno -o /tmp/probe benchmarks/experiments/cache_alias_probe.cc
 //   /tmp/probe N STRIDE OFFSET_M OFFSET_V OFFSET_G   (elements; bytes; offsets nondecreasing)
 //   /tmp/probe 134217728 536870912 0 0 0             # all four aliased
 //   /tmp/probe 134217728 536870912 4096 8192 12288   # 4 KB apart modulo 2^28

@@ -1,14 +1,14 @@
 // Adam's update (TF ApplyAdam / Keras Adam). Its ops and Python name say LazyAdam: the
 // sparse engine applies it lazily (only touched rows of var, m and v change), as every
 // rule; the math is plain Adam.
-#ifndef FUSEDOPT_CC_CORE_RULES_ADAM_H_
-#define FUSEDOPT_CC_CORE_RULES_ADAM_H_
+#ifndef FUSEDOPT_CC_CORE_RULES_LAZY_ADAM_H_
+#define FUSEDOPT_CC_CORE_RULES_LAZY_ADAM_H_
 
 #include "cc/core/rule.h"
 
 namespace fusedopt {
 
-struct AdamRule {
+struct LazyAdamRule {
   static constexpr const char* kOpName = "LazyAdam";
   static constexpr const char* kPyName = "lazy_adam";
   static constexpr std::array<const char*, 2> kSlots = {"m", "v"};
@@ -48,4 +48,4 @@ struct AdamRule {
 
 }  // namespace fusedopt
 
-#endif  // FUSEDOPT_CC_CORE_RULES_ADAM_H_
+#endif  // FUSEDOPT_CC_CORE_RULES_LAZY_ADAM_H_
