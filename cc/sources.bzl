@@ -39,12 +39,19 @@ GPU_SRCS = [
 # Layer 2: TensorFlow binding. One registration file per optimizer.
 TF_HDRS = [
     "cc/tf/op_defs.h",
+    "cc/tf/tf_types.h",
     "cc/tf/kernels.h",
+    "cc/tf/apply_kernel.h",
+    "cc/tf/group_kernel.h",
+    "cc/tf/kernel_common.h",
+    "cc/tf/device_engine.h",
     "cc/tf/cpu_executor.h",
     "cc/tf/variable_access.h",
     "cc/tf/separate_buffers.h",
     "cc/tf/variable_pack.h",
-    "cc/tf/gpu_variables.h",  # used only with FUSEDOPT_CUDA
+    "cc/tf/gpu_variables.h",  # these three used only with FUSEDOPT_CUDA
+    "cc/tf/device_engine_gpu.h",
+    "cc/tf/apply_kernel_gpu.h",
 ]
 TF_SRCS = [
     "cc/tf/lazy_adam.cc",
@@ -61,6 +68,10 @@ TF_SRCS = [
 # libhighwayhash-dev and libfarmhash-dev headers (tools/install_system_deps.sh).
 XLA_HDRS = [
     "cc/tf/xla_value.h",
+    "cc/tf/xla_common.h",
+    "cc/tf/xla_hlo.h",
+    "cc/tf/xla_op_kernels.h",
+    "cc/tf/xla_ffi_handler.h",
 ]
 XLA_SRCS = [
     "cc/tf/xla_kernels.cc",

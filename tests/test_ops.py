@@ -1,4 +1,5 @@
-"""The 12 fusedopt TF ops against the NumPy float64 reference and TF's own training ops.
+"""Every fusedopt TF op (four per rule, and the group ops) against the NumPy float64
+reference and TF's own training ops.
 
 Every op family x dtype x index dtype x variable kind (ref variables in a v1 graph +
 Session, resource variables eager, in tf.function and in a v1 graph + Session), several

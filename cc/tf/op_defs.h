@@ -17,6 +17,7 @@
 
 #include "cc/core/rule.h"
 #include "cc/core/validate.h"
+#include "cc/tf/tf_types.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
@@ -158,14 +159,14 @@ void RegisterOpDef(Variant variant) {
   op.Input("grad: T");
   if (IsSparse(variant)) {
     op.Input("indices: Tindices");
-    op.Attr("Tindices: {int32, int64}");
+    op.Attr(TypeAttr("Tindices", IndexDataTypes()));
   }
   if (!IsResource(variant)) {
     op.Output("out: Ref(T)");
     // Let the kernel report uninitialized ref inputs in its own words.
     op.SetAllowsUninitializedInput();
   }
-  op.Attr("T: {half, bfloat16, float, double}");
+  op.Attr(TypeAttr("T", StorageDataTypes()));
   op.Attr("use_locking: bool = false");
   for (const RuleOption& option : Rule::kOptions) {
     op.Attr(std::string(option.name) + ": bool = " + (option.default_value ? "true" : "false"));
@@ -268,7 +269,7 @@ void RegisterGroupOpDef(bool packed) {
   for (const char* hyper : Rule::kHyper) op.Input(std::string(hyper) + ": T");
   op.Input("grad: N * T");
   op.Attr("N: int >= 1");
-  op.Attr("T: {half, bfloat16, float, double}");
+  op.Attr(TypeAttr("T", StorageDataTypes()));
   op.Attr("use_locking: bool = false");
   for (const RuleOption& option : Rule::kOptions) {
     op.Attr(std::string(option.name) + ": bool = " + (option.default_value ? "true" : "false"));

@@ -79,10 +79,20 @@ def apply(rule, variable, slots, grad, hyper, options=None, composed=False,
                             **options)
 
 
-# What the fused ops take (cc/tf/op_defs.h): other dtypes (complex, integers) run the
-# replaced class's own update in every front end.
-FUSED_DTYPES = frozenset((tf.float16, tf.bfloat16, tf.float32, tf.float64))
-FUSED_INDEX_DTYPES = frozenset((tf.int32, tf.int64))
+def _allowed_types(variant, attr_name):
+    """The dtypes the registered op definition allows for `attr_name` (cc/tf/tf_types.h's
+    one list): every rule's ops take the same."""
+    from tensorflow.python.framework import op_def_registry
+
+    op_def = op_def_registry.get(ops.op_name(next(iter(ops.RULES)), variant))
+    (attr,) = [a for a in op_def.attr if a.name == attr_name]
+    return frozenset(tf.as_dtype(t) for t in attr.allowed_values.list.type)
+
+
+# What the fused ops take: other dtypes (complex, integers) run the replaced class's own
+# update in every front end.
+FUSED_DTYPES = _allowed_types("resource_sparse_apply", "T")
+FUSED_INDEX_DTYPES = _allowed_types("resource_sparse_apply", "Tindices")
 
 
 def covers(variable, indices=None):

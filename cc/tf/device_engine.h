@@ -1,0 +1,71 @@
+// The device half of the kernels, as TF's training_ops functors split it: the op kernels
+// (apply_kernel.h, group_kernel.h) validate, lock and fetch buffers for any Device, then
+// hand them to DeviceEngine<Device>. This file: the CPU engine on TF's thread pool.
+// device_engine_gpu.h: the CUDA engine on the op's stream (FUSEDOPT_CUDA builds).
+#ifndef FUSEDOPT_CC_TF_DEVICE_ENGINE_H_
+#define FUSEDOPT_CC_TF_DEVICE_ENGINE_H_
+
+// Eigen::ThreadPoolDevice (CPUDevice, the CPU kernels' Device tag) in full.
+#ifndef EIGEN_USE_THREADS
+#define EIGEN_USE_THREADS
+#endif
+
+#include <cstdint>
+#include <string>
+
+#include "cc/core/engine.h"
+#include "cc/tf/cpu_executor.h"
+#include "cc/tf/variable_access.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace fusedopt {
+namespace gpu {
+struct IndexCheck;  // engine_gpu.h (CUDA builds): the GPU index check's verdict
+}  // namespace gpu
+namespace tf {
+
+template <typename Device>
+struct DeviceEngine;
+
+template <>
+struct DeviceEngine<CPUDevice> {
+  static constexpr bool kCpu = true;  // buffer separation (cache_alias.h) is the CPU's
+
+  static absl::Status CheckDevice(::tensorflow::OpKernelContext*) { return absl::OkStatus(); }
+
+  template <typename Rule, typename Storage>
+  static absl::Status Dense(::tensorflow::OpKernelContext* ctx,
+                            const ParamsFor<Rule, Storage>& params,
+                            Storage* var, Storage* const* slots, const Storage* grad, int64_t n) {
+    TfCpuExecutor executor(ctx);
+    ApplyDense<Rule, Storage>(params, var, slots, grad, n, executor);
+    return absl::OkStatus();
+  }
+
+  // Checks every index before it writes anything. `check` is the GPU's (unused here).
+  template <typename Rule, typename Storage, typename Index>
+  static absl::Status Sparse(::tensorflow::OpKernelContext* ctx,
+                             const ParamsFor<Rule, Storage>& params,
+                             Storage* var, Storage* const* slots, int64_t num_rows,
+                             int64_t row_size, const Storage* grad, const Index* indices,
+                             int64_t num_indices, gpu::IndexCheck* /*check*/) {
+    TfCpuExecutor executor(ctx);
+    const std::string error = ApplySparse<Rule, Storage, Index>(
+        params, var, slots, num_rows, row_size, grad, indices, num_indices, executor);
+    return error.empty() ? absl::OkStatus() : absl::InvalidArgumentError(error);
+  }
+
+  template <typename Rule, typename Storage>
+  static absl::Status DenseGroup(::tensorflow::OpKernelContext* ctx,
+                                 const ParamsFor<Rule, Storage>& params,
+                                 DenseTensor<Rule, Storage>* tensors, int64_t n) {
+    TfCpuExecutor executor(ctx);
+    ApplyDenseGroup<Rule, Storage>(params, tensors, n, executor);
+    return absl::OkStatus();
+  }
+};
+
+}  // namespace tf
+}  // namespace fusedopt
+
+#endif  // FUSEDOPT_CC_TF_DEVICE_ENGINE_H_

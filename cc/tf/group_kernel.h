@@ -1,0 +1,208 @@
+// The op kernel of the group ops, FusedOpt>ResourceGroupApply<Rule> and
+// FusedOpt>ResourcePackedGroupApply<Rule>, for any Device (the engine: device_engine.h).
+#ifndef FUSEDOPT_CC_TF_GROUP_KERNEL_H_
+#define FUSEDOPT_CC_TF_GROUP_KERNEL_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cc/core/engine.h"
+#include "cc/core/validate.h"
+#include "cc/tf/device_engine.h"
+#include "cc/tf/kernel_common.h"
+#include "cc/tf/separate_buffers.h"
+#include "cc/tf/tf_types.h"
+#include "cc/tf/variable_access.h"
+#include "cc/tf/variable_pack.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace fusedopt {
+namespace tf {
+
+// FusedOpt>ResourceGroupApply<Rule>: N resource variables, one dense update, one pass
+// (ApplyDenseGroup; on the GPU multi-tensor launches, 64 variables each, on the op's
+// stream). Everything that can reject the call (lookups, dtypes, a variable passed twice
+// anywhere in the group, shapes) is checked for the whole group before the first write.
+// kPacked: FusedOpt>ResourcePackedGroupApply<Rule>, the variables from a member pack
+// (variable_pack.h) in input 0 instead of (1 + slots) * N handles; the rest is the same.
+template <typename Device, typename T, typename Rule, bool kPacked = false>
+class FusedGroupApplyOp : public ::tensorflow::OpKernel {
+  static constexpr int kSlots = NumSlots<Rule>();
+  static constexpr int kHyper = NumHyper<Rule>();
+  using Storage = typename StorageOf<T>::type;
+  using Engine = DeviceEngine<Device>;
+  using Var = ::tensorflow::Var;
+
+ public:
+  explicit FusedGroupApplyOp(::tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    // use_locking changes nothing: like TF's dense resource ops, the update always holds
+    // every variable's lock exclusively.
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+    for (int i = 0; i < NumOptions<Rule>(); ++i) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr(Rule::kOptions[i].name, &options_[i]));
+    }
+  }
+
+  void Compute(::tensorflow::OpKernelContext* ctx) override {
+    OP_REQUIRES_OK(ctx, Engine::CheckDevice(ctx));
+    const int64_t num_state = (1 + kSlots) * n_;
+    const int64_t first_hyper = kPacked ? 1 : num_state, first_grad = first_hyper + kHyper;
+    // Hyper-parameters: scalars, shared by the group.
+    std::array<const Storage*, kHyper> hyper;
+    for (int i = 0; i < kHyper; ++i) {
+      const ::tensorflow::Tensor& t = ctx->input(first_hyper + i);
+      OP_REQUIRES(ctx, t.dims() == 0,
+                  absl::InvalidArgumentError(std::string(Rule::kHyper[i]) +
+                                             " must be a scalar, got shape " +
+                                             ShapeString(ToShape(t.shape()))));
+      OP_REQUIRES_OK(ctx, RequireElementAligned(Rule::kHyper[i], t));
+      hyper[i] = DataOf<Storage>(t);
+    }
+    // Every variable found and distinct from all others. The pack (held by `pack`) or
+    // `held` owns them until the end; `lock_order` is their address order.
+    std::vector<Var*> vars(num_state);
+    const std::vector<int64_t>* lock_order = nullptr;
+    ::tensorflow::core::RefCountPtr<VariablePack> pack;
+    std::vector<::tensorflow::core::RefCountPtr<Var>> held;
+    std::vector<int64_t> sorted;
+    if constexpr (kPacked) {
+      const absl::Status found =
+          ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, 0), &pack);
+      OP_REQUIRES(ctx, found.ok(),
+                  absl::InvalidArgumentError("pack (" + requested_input(0) +
+                                             ") is not a fusedopt member pack: " +
+                                             std::string(found.message())));
+      const int64_t size = static_cast<int64_t>(pack->members().size());
+      OP_REQUIRES(ctx, size == num_state,
+                  absl::InvalidArgumentError(
+                      "the pack holds " + std::to_string(size) + " variables but " +
+                      std::to_string(n_) + " gradients need " + std::to_string(num_state) +
+                      " (each variable and its " + std::to_string(kSlots) + " slot(s))"));
+      vars = pack->members();  // distinct: checked when the pack was made
+      lock_order = &pack->lock_order();
+    } else {
+      held.resize(num_state);
+      for (int64_t j = 0; j < num_state; ++j) {
+        const absl::Status found =
+            ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, j), &held[j]);
+        OP_REQUIRES(ctx, found.ok(), UninitializedError(ctx, j, found));
+        vars[j] = held[j].get();
+      }
+      std::pair<int64_t, int64_t> same;
+      OP_REQUIRES(ctx, AddressOrder(vars, &sorted, &same),
+                  absl::InvalidArgumentError(StateName(same.first) + " and " +
+                                             StateName(same.second) + " are the same variable (" +
+                                             InputName(ctx, same.first) + ", " +
+                                             InputName(ctx, same.second) + "); each needs its own"));
+      lock_order = &sorted;
+    }
+    // Exclusive locks in address order, as TF's helpers take them: no deadlock with TF's
+    // ops. Everything below is checked under them, once per member: the update is mostly
+    // the cost of touching each member (its lock, tensor and buffer), which the update's
+    // streaming has evicted from the caches since the last step.
+    const ExclusiveLocks locks(vars, *lock_order);
+
+    // Initialized, of dtype T, and the shapes of each variable's slots and gradient match;
+    // gradients aligned to their elements (variable_access.h).
+    const ::tensorflow::DataType want = ::tensorflow::DataTypeToEnum<T>::value;
+    Shape hyper_shapes[kHyper > 0 ? kHyper : 1];  // scalars: checked above
+    for (int64_t v = 0; v < n_; ++v) {
+      const ::tensorflow::Tensor& grad = ctx->input(first_grad + v);
+      if (!ElementAligned(grad)) {
+        OP_REQUIRES_OK(ctx, RequireElementAligned("grad[" + std::to_string(v) + "]", grad));
+      }
+      const ::tensorflow::TensorShape& grad_shape = grad.shape();
+      bool same_shapes = true;
+      for (int k = 0; k <= kSlots; ++k) {
+        const int64_t j = k * n_ + v;
+        OP_REQUIRES(ctx, HoldsValue(vars[j]), UninitializedError(ctx, j, absl::OkStatus()));
+        const ::tensorflow::Tensor* t = vars[j]->tensor();
+        OP_REQUIRES(ctx, t->dtype() == want,
+                    absl::InvalidArgumentError(DtypeMismatch(StateName(j), t->dtype(), want)));
+        same_shapes = same_shapes && t->shape().IsSameSize(grad_shape);
+      }
+      if (same_shapes) continue;  // what ValidateDense accepts (hyper: scalars, above)
+      std::array<Shape, 1 + kSlots> shapes;
+      for (int k = 0; k <= kSlots; ++k) shapes[k] = ToShape(vars[k * n_ + v]->tensor()->shape());
+      const std::string error = ValidateDense<Rule>(shapes[0], &shapes[1], hyper_shapes,
+                                                    ToShape(grad_shape));
+      OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(GroupMemberError(v, n_, error)));
+    }
+    // A member's buffers the cache cannot hold together move apart (cc/core/cache_alias.h),
+    // before copy-on-write: a moved buffer is the variable's own, and is not copied again.
+    if constexpr (Engine::kCpu) {
+      if (SeparationEnabled()) {
+        std::array<Var*, 1 + kSlots> member;
+        for (int64_t v = 0; v < n_; ++v) {
+          const ::tensorflow::Tensor& grad = ctx->input(first_grad + v);
+          if (grad.TotalBytes() < static_cast<size_t>(kMinSeparatedBytes)) continue;
+          for (int k = 0; k <= kSlots; ++k) member[k] = vars[k * n_ + v];
+          SeparateAliasedBuffers(ctx, member.data(), 1 + kSlots, grad.tensor_data().data(),
+                                 static_cast<int64_t>(grad.TotalBytes()));
+        }
+      }
+    }
+    // Copy-on-write (a read still holds the buffer): the values stay as they are. Then
+    // each member's buffer, which stays its own while the locks are held.
+    std::vector<Storage*> state(num_state);
+    for (int64_t j = 0; j < num_state; ++j) {
+      Var* var = vars[j];
+      OP_REQUIRES_OK(ctx, PrepareToUpdate<Device>(ctx, var->tensor(), var->copy_on_read_mode.load()));
+      // After the copy, which adopted memory always gets (not TF's: never ref-count one).
+      if (!ElementAligned(*var->tensor())) {
+        OP_REQUIRES_OK(ctx, RequireElementAligned(StateName(j), *var->tensor()));
+      }
+      state[j] = MutableData<Storage>(*var->tensor());
+    }
+
+    const auto params = PrepareParams<Rule, Storage>(hyper.data(), options_.data());
+    std::vector<DenseTensor<Rule, Storage>> tensors(n_);
+    for (int64_t v = 0; v < n_; ++v) {
+      DenseTensor<Rule, Storage>& x = tensors[v];
+      const ::tensorflow::Tensor& grad = ctx->input(first_grad + v);
+      x.var = state[v];
+      for (int k = 0; k < kSlots; ++k) x.slots[k] = state[(k + 1) * n_ + v];
+      x.grad = DataOf<Storage>(grad);
+      x.n = grad.NumElements();  // the variable's: validated above
+    }
+    OP_REQUIRES_OK(ctx, (Engine::template DenseGroup<Rule, Storage>(ctx, params,
+                                                                    tensors.data(), n_)));
+  }
+
+ private:
+  // "var[3]", "m[0]": state input j of the group.
+  std::string StateName(int64_t j) const {
+    const int64_t k = j / n_;
+    return std::string(k == 0 ? "var" : Rule::kSlots[k - 1]) + "[" + std::to_string(j % n_) + "]";
+  }
+
+  // The graph input behind state j: its own input, or the pack's ("pack member 7 of x").
+  std::string InputName(::tensorflow::OpKernelContext* ctx, int64_t j) const {
+    if constexpr (kPacked) {
+      return "member " + std::to_string(j) + " of pack " + ctx->op_kernel().requested_input(0);
+    } else {
+      return ctx->op_kernel().requested_input(j);
+    }
+  }
+
+  absl::Status UninitializedError(::tensorflow::OpKernelContext* ctx, int64_t j,
+                                  const absl::Status& cause) const {
+    return UninitializedVariableError(StateName(j), InputName(ctx, j), cause);
+  }
+
+  // RequireElementAligned's test for a tensor of T (checked of dtype T first), per member.
+  static bool ElementAligned(const ::tensorflow::Tensor& t) {
+    return reinterpret_cast<uintptr_t>(t.tensor_data().data()) % sizeof(Storage) == 0;
+  }
+
+  int64_t n_ = 0;
+  std::array<bool, NumOptions<Rule>()> options_{};
+};
+
+}  // namespace tf
+}  // namespace fusedopt
+
+#endif  // FUSEDOPT_CC_TF_GROUP_KERNEL_H_

@@ -1,0 +1,95 @@
+// The element types the ops take, in one list, and the TF -> core type and shape mapping.
+// The op definitions, the kernel registrations (CPU, GPU, XLA) and fusedopt's Python
+// front ends (which read the op definition) all follow StorageTypes.
+#ifndef FUSEDOPT_CC_TF_TF_TYPES_H_
+#define FUSEDOPT_CC_TF_TF_TYPES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cc/core/numeric.h"
+#include "cc/core/validate.h"
+#include "tensorflow/core/framework/tensor_shape.h"
+#include "tensorflow/core/framework/types.h"
+
+namespace fusedopt {
+namespace tf {
+
+template <typename... Ts>
+struct TypeList {};
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// The variable dtypes every op takes (16-bit types compute in float32).
+using StorageTypes = TypeList<Eigen::half, ::tensorflow::bfloat16, float, double>;
+
+// f(TypeTag<T>{}) for every T of the list, in order.
+template <typename F, typename... Ts>
+void ForEachType(TypeList<Ts...>, F&& f) {
+  (f(TypeTag<Ts>{}), ...);
+}
+
+// The sparse ops' index dtypes.
+using IndexTypes = TypeList<int32_t, int64_t>;
+
+template <typename... Ts>
+std::vector<::tensorflow::DataType> DataTypesOf(TypeList<Ts...>) {
+  return {::tensorflow::DataTypeToEnum<Ts>::value...};
+}
+
+inline const std::vector<::tensorflow::DataType>& StorageDataTypes() {
+  static const auto* types = new std::vector<::tensorflow::DataType>(DataTypesOf(StorageTypes{}));
+  return *types;
+}
+
+inline const std::vector<::tensorflow::DataType>& IndexDataTypes() {
+  static const auto* types = new std::vector<::tensorflow::DataType>(DataTypesOf(IndexTypes{}));
+  return *types;
+}
+
+// An op definition's type attribute: "T: {half, bfloat16, float, double}".
+inline std::string TypeAttr(const std::string& name,
+                            const std::vector<::tensorflow::DataType>& types) {
+  std::string attr = name + ": {";
+  for (size_t i = 0; i < types.size(); ++i) {
+    attr += (i ? ", " : "") + ::tensorflow::DataTypeString(types[i]);
+  }
+  return attr + "}";
+}
+
+// TF element type -> the core's layout-compatible storage type.
+template <typename T>
+struct StorageOf {
+  using type = T;
+};
+template <>
+struct StorageOf<Eigen::half> {
+  using type = half_t;
+};
+template <>
+struct StorageOf<::tensorflow::bfloat16> {
+  using type = bfloat16_t;
+};
+static_assert(sizeof(Eigen::half) == sizeof(half_t), "half layout");
+static_assert(sizeof(::tensorflow::bfloat16) == sizeof(bfloat16_t), "bfloat16 layout");
+
+inline Shape ToShape(const ::tensorflow::TensorShape& s) {
+  Shape out(s.dims());
+  for (int i = 0; i < s.dims(); ++i) out[i] = s.dim_size(i);
+  return out;
+}
+
+// "<name> has dtype <got> but the update is for <want>": every kernel's dtype refusal.
+inline std::string DtypeMismatch(const std::string& name, ::tensorflow::DataType got,
+                                 ::tensorflow::DataType want) {
+  return name + " has dtype " + ::tensorflow::DataTypeString(got) + " but the update is for " +
+         ::tensorflow::DataTypeString(want);
+}
+
+}  // namespace tf
+}  // namespace fusedopt
+
+#endif  // FUSEDOPT_CC_TF_TF_TYPES_H_

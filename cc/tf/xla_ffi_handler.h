@@ -1,0 +1,200 @@
+// The custom call's handler (XLA:CPU, TF >= 2.16): the CPU engine on XLA's buffers, on
+// XLA's intra-op thread pool. Empty without the typed FFI.
+#ifndef FUSEDOPT_CC_TF_XLA_FFI_HANDLER_H_
+#define FUSEDOPT_CC_TF_XLA_FFI_HANDLER_H_
+
+#include "cc/tf/xla_common.h"
+
+namespace fusedopt {
+namespace tf {
+namespace xla_impl {
+
+namespace tfw = ::tensorflow;
+
+// ---------------------------------------------------------------------------------------
+// The custom call's handler: the CPU engine on XLA's buffers.
+
+#ifdef FUSEDOPT_XLA_FFI
+namespace ffi = ::xla::ffi;
+
+// Runs ParallelFor blocks on XLA's intra-op pool. The calling thread takes blocks too and
+// waits only for blocks other threads are running, so a busy pool cannot deadlock it.
+class FfiExecutor final : public Executor {
+ public:
+  explicit FfiExecutor(ffi::ThreadPool& pool) : pool_(pool) {}
+
+  void ParallelFor(int64_t n, int64_t cost_per_unit, const Block& fn) override {
+    const int64_t threads = std::max<int64_t>(1, pool_.num_threads() + 1);
+    // Below ~50k cycles of work a thread costs more than it saves.
+    const int64_t min_units = std::max<int64_t>(1, 50000 / std::max<int64_t>(1, cost_per_unit));
+    const int64_t blocks = std::min<int64_t>(4 * threads, std::max<int64_t>(1, n / min_units));
+    RunClaimingPieces(
+        n, blocks, threads - 1,
+        [this](auto task) { pool_.Schedule(std::move(task)); }, fn);
+  }
+
+ private:
+  ffi::ThreadPool& pool_;
+};
+
+// Call::Typed<T>(pool, args, rets) for the storage type of the first argument (var).
+template <typename Call>
+ffi::Error RunTyped(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  auto var = args.get<ffi::AnyBuffer>(0);
+  if (!var.has_value()) return var.error();
+  switch (var->element_type()) {
+    case ffi::DataType::F16:
+      return Call::template Typed<half_t>(pool, args, rets);
+    case ffi::DataType::BF16:
+      return Call::template Typed<bfloat16_t>(pool, args, rets);
+    case ffi::DataType::F32:
+      return Call::template Typed<float>(pool, args, rets);
+    case ffi::DataType::F64:
+      return Call::template Typed<double>(pool, args, rets);
+    default:
+      return ffi::Error::InvalidArgument("fusedopt: unsupported variable dtype");
+  }
+}
+
+// The FFI entry point of a handler: binds XLA's thread pool and every argument and result.
+template <typename Call>
+XLA_FFI_Error* FfiEntry(XLA_FFI_CallFrame* frame) {
+  static auto* handler = ffi::Ffi::Bind()
+                             .Ctx<ffi::ThreadPool>()
+                             .RemainingArgs()
+                             .RemainingRets()
+                             .To(RunTyped<Call>)
+                             .release();
+  return handler->Call(frame);
+}
+
+template <typename Rule, bool kSparse>
+struct FfiCall {
+  static constexpr int kSlots = NumSlots<Rule>();
+  static constexpr int kHyper = NumHyper<Rule>();
+
+  template <typename T>
+  static ffi::Error Typed(ffi::ThreadPool& pool, const ffi::RemainingArgs& args,
+                          const ffi::RemainingRets& rets) {
+    // Arguments: var, slots, hyper-parameters, grad, [indices], options; results: var, slots.
+    std::array<T*, 1 + kSlots> state;
+    int64_t elements = 0, num_rows = 0;
+    for (int i = 0; i <= kSlots; ++i) {
+      auto in = args.get<ffi::AnyBuffer>(i);
+      auto out = rets.get<ffi::AnyBuffer>(i);
+      if (!in.has_value()) return in.error();
+      if (!out.has_value()) return out.error();
+      void* dst = (*out)->untyped_data();
+      // Aliased (the normal case): the same buffer. Otherwise start from the old value.
+      if (dst != in->untyped_data()) std::memcpy(dst, in->untyped_data(), in->size_bytes());
+      state[i] = static_cast<T*>(dst);
+      if (i == 0) {
+        elements = static_cast<int64_t>(in->element_count());
+        const auto dims = in->dimensions();
+        num_rows = dims.size() > 0 ? dims[0] : 1;
+      }
+    }
+    std::array<const T*, kHyper> hyper;
+    for (int i = 0; i < kHyper; ++i) {
+      auto h = args.get<ffi::AnyBuffer>(1 + kSlots + i);
+      if (!h.has_value()) return h.error();
+      hyper[i] = static_cast<const T*>(h->untyped_data());
+    }
+    auto grad = args.get<ffi::AnyBuffer>(1 + kSlots + kHyper);
+    if (!grad.has_value()) return grad.error();
+    auto options = args.get<ffi::AnyBuffer>(2 + kSlots + kHyper + (kSparse ? 1 : 0));
+    if (!options.has_value()) return options.error();
+    std::array<bool, NumOptions<Rule>()> flags{};
+    const auto* option_bytes = static_cast<const uint8_t*>(options->untyped_data());
+    for (int i = 0; i < NumOptions<Rule>(); ++i) flags[i] = option_bytes[i] != 0;
+    const auto params = PrepareParams<Rule, T>(hyper.data(), flags.data());
+    const T* grad_data = static_cast<const T*>(grad->untyped_data());
+    FfiExecutor executor(pool);
+    if constexpr (!kSparse) {
+      ApplyDense<Rule, T>(params, state[0], &state[1], grad_data, elements, executor);
+      return ffi::Error::Success();
+    } else {
+      auto indices = args.get<ffi::AnyBuffer>(2 + kSlots + kHyper);
+      if (!indices.has_value()) return indices.error();
+      const int64_t n = static_cast<int64_t>(indices->element_count());
+      const int64_t row_size = num_rows == 0 ? 0 : elements / num_rows;
+      std::string error;
+      if (indices->element_type() == ffi::DataType::S32) {
+        error = ApplySparse<Rule, T, int32_t>(params, state[0], &state[1], num_rows, row_size,
+                                              grad_data,
+                                              static_cast<const int32_t*>(indices->untyped_data()),
+                                              n, executor);
+      } else {
+        error = ApplySparse<Rule, T, int64_t>(params, state[0], &state[1], num_rows, row_size,
+                                              grad_data,
+                                              static_cast<const int64_t*>(indices->untyped_data()),
+                                              n, executor);
+      }
+      if (!error.empty()) return ffi::Error::InvalidArgument(error);
+      return ffi::Error::Success();
+    }
+  }
+
+};
+
+// The group's custom call: arguments N*(1+kSlots) state buffers (vars, then each slot's),
+// the hyper-parameters, N grads, options; results the state buffers.
+template <typename Rule>
+struct FfiGroupCall {
+  static constexpr int kSlots = NumSlots<Rule>();
+  static constexpr int kHyper = NumHyper<Rule>();
+
+  template <typename T>
+  static ffi::Error Typed(ffi::ThreadPool& pool, const ffi::RemainingArgs& args,
+                          const ffi::RemainingRets& rets) {
+    const int64_t n = (static_cast<int64_t>(args.size()) - kHyper - 1) / (2 + kSlots);
+    const int64_t num_state = (1 + kSlots) * n;
+    if (n < 1 || static_cast<int64_t>(rets.size()) != num_state) {
+      return ffi::Error::InvalidArgument("fusedopt: malformed group custom call");
+    }
+    std::vector<DenseTensor<Rule, T>> tensors(n);
+    for (int64_t j = 0; j < num_state; ++j) {
+      auto in = args.get<ffi::AnyBuffer>(j);
+      auto out = rets.get<ffi::AnyBuffer>(j);
+      if (!in.has_value()) return in.error();
+      if (!out.has_value()) return out.error();
+      void* dst = (*out)->untyped_data();
+      if (dst != in->untyped_data()) std::memcpy(dst, in->untyped_data(), in->size_bytes());
+      DenseTensor<Rule, T>& x = tensors[j % n];
+      if (j < n) {
+        x.var = static_cast<T*>(dst);
+        x.n = static_cast<int64_t>(in->element_count());
+      } else {
+        x.slots[j / n - 1] = static_cast<T*>(dst);
+      }
+    }
+    std::array<const T*, kHyper> hyper;
+    for (int i = 0; i < kHyper; ++i) {
+      auto h = args.get<ffi::AnyBuffer>(num_state + i);
+      if (!h.has_value()) return h.error();
+      hyper[i] = static_cast<const T*>(h->untyped_data());
+    }
+    for (int64_t v = 0; v < n; ++v) {
+      auto grad = args.get<ffi::AnyBuffer>(num_state + kHyper + v);
+      if (!grad.has_value()) return grad.error();
+      tensors[v].grad = static_cast<const T*>(grad->untyped_data());
+    }
+    auto options = args.get<ffi::AnyBuffer>(num_state + kHyper + n);
+    if (!options.has_value()) return options.error();
+    std::array<bool, NumOptions<Rule>()> flags{};
+    const auto* option_bytes = static_cast<const uint8_t*>(options->untyped_data());
+    for (int i = 0; i < NumOptions<Rule>(); ++i) flags[i] = option_bytes[i] != 0;
+    FfiExecutor executor(pool);
+    ApplyDenseGroup<Rule, T>(PrepareParams<Rule, T>(hyper.data(), flags.data()), tensors.data(),
+                             n, executor);
+    return ffi::Error::Success();
+  }
+
+};
+#endif  // FUSEDOPT_XLA_FFI
+
+}  // namespace xla_impl
+}  // namespace tf
+}  // namespace fusedopt
+
+#endif  // FUSEDOPT_CC_TF_XLA_FFI_HANDLER_H_

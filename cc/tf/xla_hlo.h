@@ -1,0 +1,107 @@
+// The HLO lowering of a rule (XLA:GPU; TF 2.15; FUSEDOPT_XLA_LOWERING=hlo): the rule's own
+// Prepare()/Update() on XlaValue (xla_value.h), and the row gather/scatter, scans and chunk
+// lengths of the sparse form.
+#ifndef FUSEDOPT_CC_TF_XLA_HLO_H_
+#define FUSEDOPT_CC_TF_XLA_HLO_H_
+
+#include "cc/tf/xla_common.h"
+
+namespace fusedopt {
+namespace tf {
+namespace xla_impl {
+
+namespace tfw = ::tensorflow;
+
+// ---------------------------------------------------------------------------------------
+// HLO lowering.
+
+// Rows `rows` ([n], any integer type) of `table` ([R, ...]): [n, ...]. XLA clamps
+// out-of-range rows, so reads are always safe.
+inline xla::XlaOp GatherRows(xla::XlaOp table, xla::XlaOp rows) {
+  return xla::TorchIndexSelect(table, rows, 0);
+}
+
+// Writes (or, with `combiner`, accumulates) updates[k] into row rows[k] of `operand`,
+// k = 0, 1, ... in order; a row index outside the operand drops that update.
+inline xla::XlaOp ScatterRows(xla::XlaOp operand, xla::XlaOp rows, xla::XlaOp updates,
+                       const xla::XlaComputation& combiner, int64_t n, int64_t rank) {
+  xla::ScatterDimensionNumbers dims;
+  for (int64_t d = 1; d < rank; ++d) dims.add_update_window_dims(d);
+  dims.add_inserted_window_dims(0);
+  dims.add_scatter_dims_to_operand_dims(0);
+  dims.set_index_vector_dim(1);
+  return xla::Scatter(operand, xla::Reshape(rows, {n, 1}), updates, combiner, dims);
+}
+
+inline xla::XlaComputation ReplaceComputation(xla::XlaBuilder* parent, xla::PrimitiveType type) {
+  auto b = parent->CreateSubBuilder("replace");
+  const xla::Shape scalar = xla::ShapeUtil::MakeShape(type, {});
+  xla::Parameter(b.get(), 0, scalar, "old");
+  xla::Parameter(b.get(), 1, scalar, "new");  // the last instruction is the root
+  return b->BuildAndNoteError();
+}
+
+// Running max (forward) or min (backward) along a vector: window of the whole length.
+inline xla::XlaOp Scan(xla::XlaOp x, int64_t n, bool forward_max, xla::XlaBuilder* b) {
+  const xla::PrimitiveType type = xla::S64;
+  const std::pair<int64_t, int64_t> padding = forward_max ? std::make_pair(n - 1, int64_t{0})
+                                                          : std::make_pair(int64_t{0}, n - 1);
+  return xla::ReduceWindowWithGeneralPadding(
+      x,
+      forward_max ? xla::ConstantR0<int64_t>(b, std::numeric_limits<int64_t>::min())
+                  : xla::ConstantR0<int64_t>(b, std::numeric_limits<int64_t>::max()),
+      forward_max ? xla::CreateScalarMaxComputation(type, b)
+                  : xla::CreateScalarMinComputation(type, b),
+      {n}, {1}, {}, {}, {padding});
+}
+
+// DuplicateChunkLength element-wise on S64 counts [n]: 32 up to 1024, else ceil(sqrt(count)).
+inline xla::XlaOp ChunkLength(xla::XlaOp count, int64_t n, xla::XlaBuilder* b) {
+  auto c = [b](int64_t v) { return xla::ConstantR0<int64_t>(b, v); };
+  xla::XlaOp root = xla::ConvertElementType(
+      xla::Floor(xla::Sqrt(xla::ConvertElementType(count, xla::F64))), xla::S64);
+  // Exactly ceil(sqrt): correct the estimate up, then down.
+  root = xla::Select(xla::Lt(xla::Mul(root, root), count), xla::Add(root, c(1)), root);
+  const xla::XlaOp below = xla::Sub(root, c(1));
+  root = xla::Select(xla::Ge(xla::Mul(below, below), count), below, root);
+  return xla::Select(xla::Le(count, c(kSerialSumLength * kSerialSumLength)),
+                     xla::Broadcast(c(kSerialSumLength), {n}), root);
+}
+
+template <typename Rule>
+struct HloState {
+  xla::XlaOp var;
+  std::array<xla::XlaOp, NumSlots<Rule>()> slots;
+};
+
+template <typename Rule>
+typename Rule::template Params<XlaValue> HloParams(tfw::XlaOpKernelContext* ctx, int first_hyper,
+                                                   xla::PrimitiveType compute,
+                                                   const bool* options) {
+  std::array<XlaValue, NumHyper<Rule>()> hyper;
+  for (int i = 0; i < NumHyper<Rule>(); ++i) {
+    hyper[i] = xla::ConvertElementType(ctx->Input(first_hyper + i), compute);
+  }
+  return Rule::template Prepare<XlaValue>(hyper.data(), options);
+}
+
+// Update() over whole arrays (already in the compute type), results in `storage`.
+template <typename Rule>
+HloState<Rule> HloUpdate(const typename Rule::template Params<XlaValue>& params, xla::XlaOp var,
+                         const std::array<xla::XlaOp, NumSlots<Rule>()>& slots, xla::XlaOp grad,
+                         xla::PrimitiveType storage) {
+  XlaValue v = var;
+  XlaValue s[NumSlots<Rule>()];
+  for (int k = 0; k < NumSlots<Rule>(); ++k) s[k] = slots[k];
+  Rule::Update(params, v, s, XlaValue(grad));
+  HloState<Rule> out;
+  out.var = xla::ConvertElementType(v.op(), storage);
+  for (int k = 0; k < NumSlots<Rule>(); ++k) out.slots[k] = xla::ConvertElementType(s[k].op(), storage);
+  return out;
+}
+
+}  // namespace xla_impl
+}  // namespace tf
+}  // namespace fusedopt
+
+#endif  // FUSEDOPT_CC_TF_XLA_HLO_H_

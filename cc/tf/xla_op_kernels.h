@@ -1,0 +1,311 @@
+// The XLA op kernels of the resource ops and the group op: validation at compile time,
+// then the custom call (XLA:CPU with the typed FFI) or the HLO lowering (xla_hlo.h).
+#ifndef FUSEDOPT_CC_TF_XLA_OP_KERNELS_H_
+#define FUSEDOPT_CC_TF_XLA_OP_KERNELS_H_
+
+#include "cc/tf/xla_hlo.h"
+
+namespace fusedopt {
+namespace tf {
+namespace xla_impl {
+
+namespace tfw = ::tensorflow;
+
+// ---------------------------------------------------------------------------------------
+// The XLA op kernel.
+
+template <typename Rule, bool kSparse>
+class FusedApplyXlaOp : public tfw::XlaOpKernel {
+  static constexpr int kSlots = NumSlots<Rule>();
+  static constexpr int kHyper = NumHyper<Rule>();
+  static constexpr int kGradInput = 1 + kSlots + kHyper;
+
+ public:
+  explicit FusedApplyXlaOp(tfw::OpKernelConstruction* ctx)
+      : XlaOpKernel(ctx),
+        on_cpu_(ctx->device_type() == tfw::DeviceType(tfw::DEVICE_CPU_XLA_JIT)) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &dtype_));
+    for (int i = 0; i < NumOptions<Rule>(); ++i) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr(Rule::kOptions[i].name, &options_[i]));
+    }
+  }
+
+  void Compile(tfw::XlaOpKernelContext* ctx) override {
+    OP_REQUIRES_OK(ctx, CheckDistinctVariables(ctx, 1 + kSlots, [](int64_t i) {
+                     return i == 0 ? "var" : Rule::kSlots[i - 1];
+                   }));
+    std::array<xla::XlaOp, 1 + kSlots> state;
+    std::array<Shape, 1 + kSlots> shapes;
+    for (int i = 0; i <= kSlots; ++i) {
+      tfw::TensorShape shape;
+      OP_REQUIRES_OK(ctx, ctx->ReadVariableInput(i, dtype_, &shape, &state[i]));
+      shapes[i] = ToShape(shape);
+    }
+    absl::Status status;
+    std::array<Shape, kHyper> hyper_shapes;
+    for (int i = 0; i < kHyper; ++i) hyper_shapes[i] = InputShape(ctx, 1 + kSlots + i, &status);
+    const Shape grad_shape = InputShape(ctx, kGradInput, &status);
+    const Shape indices_shape = kSparse ? InputShape(ctx, kGradInput + 1, &status) : Shape();
+    OP_REQUIRES_OK(ctx, status);
+    const std::string error =
+        kSparse ? ValidateSparse<Rule>(shapes[0], &shapes[1], hyper_shapes.data(), grad_shape,
+                                       indices_shape)
+                : ValidateDense<Rule>(shapes[0], &shapes[1], hyper_shapes.data(), grad_shape);
+    OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(error));
+
+    std::array<xla::XlaOp, 1 + kSlots> updated;
+    bool write = true;
+    if (UseCustomCall(on_cpu_)) {
+      CompileCustomCall(ctx, state, &updated);
+    } else if constexpr (kSparse) {
+      write = CompileHloSparse(ctx, state, shapes[0], indices_shape[0], &updated);
+    } else {
+      CompileHloDense(ctx, state, &updated);
+    }
+    if (!ctx->status().ok() || !write) return;
+    OP_REQUIRES_OK(ctx, ctx->builder()->first_error());
+    for (int i = 0; i <= kSlots; ++i) {
+      OP_REQUIRES_OK(ctx, ctx->AssignVariable(i, dtype_, updated[i]));
+    }
+  }
+
+ private:
+  xla::PrimitiveType StorageType(tfw::XlaOpKernelContext* ctx) {
+    xla::PrimitiveType type;
+    const absl::Status s = tfw::DataTypeToPrimitiveType(dtype_, &type);
+    if (!s.ok()) ctx->SetStatus(s);
+    return type;
+  }
+
+  void CompileHloDense(tfw::XlaOpKernelContext* ctx, const std::array<xla::XlaOp, 1 + kSlots>& state,
+                       std::array<xla::XlaOp, 1 + kSlots>* updated) {
+    xla::XlaBuilder* b = ctx->builder();
+    const xla::PrimitiveType storage = StorageType(ctx);
+    const xla::PrimitiveType compute = ComputeTypeOf(storage);
+    XlaValueScope scope(b, compute);
+    const auto params = HloParams<Rule>(ctx, 1 + kSlots, compute, options_.data());
+    std::array<xla::XlaOp, kSlots> slots;
+    for (int k = 0; k < kSlots; ++k) slots[k] = xla::ConvertElementType(state[k + 1], compute);
+    const HloState<Rule> out =
+        HloUpdate<Rule>(params, xla::ConvertElementType(state[0], compute), slots,
+                        xla::ConvertElementType(ctx->Input(kGradInput), compute), storage);
+    (*updated)[0] = out.var;
+    for (int k = 0; k < kSlots; ++k) (*updated)[k + 1] = out.slots[k];
+  }
+
+  // Returns false when there is nothing to write (no ids, or rows of no elements).
+  bool CompileHloSparse(tfw::XlaOpKernelContext* ctx,
+                        const std::array<xla::XlaOp, 1 + kSlots>& state, const Shape& var_shape,
+                        int64_t n, std::array<xla::XlaOp, 1 + kSlots>* updated) {
+    xla::XlaBuilder* b = ctx->builder();
+    const xla::PrimitiveType storage = StorageType(ctx);
+    const xla::PrimitiveType compute = ComputeTypeOf(storage);
+    const int64_t num_rows = var_shape[0];
+    int64_t row_size = 1;
+    for (size_t d = 1; d < var_shape.size(); ++d) row_size *= var_shape[d];
+    if (n == 0 || row_size == 0) return false;  // nothing named, or nothing in a row
+    const int64_t rank = static_cast<int64_t>(var_shape.size());
+    auto c = [b](int64_t v) { return xla::ConstantR0<int64_t>(b, v); };
+
+    // 1. Ids sorted stably with their positions: each row's positions ascend.
+    const xla::XlaOp ids = xla::ConvertElementType(ctx->Input(kGradInput + 1), xla::S64);
+    const xla::XlaOp all_in_range =
+        xla::ReduceAll(xla::And(xla::Ge(ids, c(0)), xla::Lt(ids, c(num_rows))),
+                       xla::ConstantR0<bool>(b, true), xla::CreateScalarAndComputation(xla::PRED, b));
+    const xla::XlaOp iota = xla::Iota(b, xla::S64, n);
+    const xla::XlaOp sorted = xla::Sort({ids, iota},
+                                        xla::CreateScalarLtComputation({xla::S64, xla::S64}, b),
+                                        0, /*is_stable=*/true);
+    const xla::XlaOp rows = xla::GetTupleElement(sorted, 0);
+    const xla::XlaOp positions = xla::GetTupleElement(sorted, 1);
+
+    // 2. Runs of equal ids: start, count; each run's slot in the sum buffers is its start.
+    const xla::XlaOp next_differs = xla::ConcatInDim(
+        b, {xla::Ne(xla::SliceInDim(rows, 0, n - 1, 1, 0), xla::SliceInDim(rows, 1, n, 1, 0)),
+            xla::ConstantR1<bool>(b, {true})}, 0);
+    const xla::XlaOp head = xla::ConcatInDim(
+        b, {xla::ConstantR1<bool>(b, {true}), xla::SliceInDim(next_differs, 0, n - 1, 1, 0)}, 0);
+    const xla::XlaOp start = Scan(xla::Select(head, iota, xla::Broadcast(c(0), {n})), n, true, b);
+    const xla::XlaOp last =
+        Scan(xla::Select(next_differs, iota, xla::Broadcast(c(n - 1), {n})), n, false, b);
+    const xla::XlaOp count = xla::Add(xla::Sub(last, start), c(1));
+
+    // 3. Sums in sum_order.h's order: chunks (left to right, by the scatter's order), then
+    //    the chunks of a run (left to right). -0.0 is the exact identity of addition.
+    const xla::XlaOp length = ChunkLength(count, n, b);
+    const xla::XlaOp chunk_slot = xla::Add(start, xla::Div(xla::Sub(iota, start), length));
+    const xla::XlaOp chunks = xla::Div(xla::Sub(xla::Add(count, length), c(1)), length);
+    const xla::XlaOp is_chunk = xla::Lt(xla::Sub(iota, start), chunks);
+    const xla::XlaOp run_slot = xla::Select(is_chunk, start, xla::Broadcast(c(n), {n}));
+    std::vector<int64_t> batch_dims(var_shape.begin(), var_shape.end());
+    batch_dims[0] = n;
+    const xla::XlaOp minus_zero =
+        xla::Broadcast(xla::ConstantR0WithType(b, compute, -0.0), batch_dims);
+    const xla::XlaComputation add = xla::CreateScalarAddComputation(compute, b);
+    const xla::XlaOp grad_rows =
+        xla::ConvertElementType(GatherRows(ctx->Input(kGradInput), positions), compute);
+    const xla::XlaOp partials = ScatterRows(minus_zero, chunk_slot, grad_rows, add, n, rank);
+    const xla::XlaOp sums = ScatterRows(minus_zero, run_slot, partials, add, n, rank);
+
+    // 4. Each run's row updated once; any out-of-range id anywhere: no row written.
+    XlaValueScope scope(b, compute);
+    const auto params = HloParams<Rule>(ctx, 1 + kSlots, compute, options_.data());
+    std::array<xla::XlaOp, kSlots> slot_rows;
+    for (int k = 0; k < kSlots; ++k) {
+      slot_rows[k] = xla::ConvertElementType(GatherRows(state[k + 1], rows), compute);
+    }
+    const HloState<Rule> out = HloUpdate<Rule>(
+        params, xla::ConvertElementType(GatherRows(state[0], rows), compute), slot_rows, sums,
+        storage);
+    const xla::XlaOp write_row = xla::Select(xla::And(head, xla::Broadcast(all_in_range, {n})),
+                                             rows, xla::Broadcast(c(num_rows), {n}));
+    const xla::XlaComputation replace = ReplaceComputation(b, storage);
+    (*updated)[0] = ScatterRows(state[0], write_row, out.var, replace, n, rank);
+    for (int k = 0; k < kSlots; ++k) {
+      (*updated)[k + 1] = ScatterRows(state[k + 1], write_row, out.slots[k], replace, n, rank);
+    }
+    return true;
+  }
+
+  void CompileCustomCall(tfw::XlaOpKernelContext* ctx,
+                         const std::array<xla::XlaOp, 1 + kSlots>& state,
+                         std::array<xla::XlaOp, 1 + kSlots>* updated) {
+    xla::XlaBuilder* b = ctx->builder();
+    std::vector<xla::XlaOp> operands(state.begin(), state.end());
+    for (int i = 0; i < kHyper; ++i) operands.push_back(ctx->Input(1 + kSlots + i));
+    operands.push_back(ctx->Input(kGradInput));
+    if (kSparse) operands.push_back(ctx->Input(kGradInput + 1));
+    std::vector<uint8_t> options(std::max(1, NumOptions<Rule>()), 0);
+    for (int i = 0; i < NumOptions<Rule>(); ++i) options[i] = options_[i] ? 1 : 0;
+    operands.push_back(xla::ConstantR1<uint8_t>(b, options));
+    std::vector<xla::Shape> shapes;
+    std::vector<std::pair<xla::ShapeIndex, std::pair<int64_t, xla::ShapeIndex>>> aliasing;
+    for (int i = 0; i <= kSlots; ++i) {
+      auto shape = b->GetShape(state[i]);
+      OP_REQUIRES_OK(ctx, shape.status());
+      shapes.push_back(*shape);
+      // Output i is operand i: XLA updates the variable's own buffer, no copy of the table.
+      aliasing.push_back({xla::ShapeIndex{i}, {i, xla::ShapeIndex{}}});
+    }
+    const xla::XlaOp call = xla::CustomCall(
+        b, CustomCallTarget(Rule::kPyName, kSparse), operands, xla::ShapeUtil::MakeTupleShape(shapes),
+        /*opaque=*/"", /*has_side_effect=*/true, aliasing, /*literal=*/nullptr,
+        xla::CustomCallSchedule::SCHEDULE_NONE, xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);
+    for (int i = 0; i <= kSlots; ++i) (*updated)[i] = xla::GetTupleElement(call, i);
+  }
+
+  const bool on_cpu_;  // compiling for XLA:CPU
+  tfw::DataType dtype_;
+  std::array<bool, NumOptions<Rule>()> options_{};
+};
+
+// FusedOpt>ResourceGroupApply<Rule>: N dense updates sharing the hyper-parameters. On
+// XLA:CPU one custom call over every buffer (the engine's one pass over the group); in
+// HLO each variable's update, which XLA fuses as it likes.
+template <typename Rule>
+class FusedGroupApplyXlaOp : public tfw::XlaOpKernel {
+  static constexpr int kSlots = NumSlots<Rule>();
+  static constexpr int kHyper = NumHyper<Rule>();
+
+ public:
+  explicit FusedGroupApplyXlaOp(tfw::OpKernelConstruction* ctx)
+      : XlaOpKernel(ctx),
+        on_cpu_(ctx->device_type() == tfw::DeviceType(tfw::DEVICE_CPU_XLA_JIT)) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &dtype_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+    for (int i = 0; i < NumOptions<Rule>(); ++i) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr(Rule::kOptions[i].name, &options_[i]));
+    }
+  }
+
+  void Compile(tfw::XlaOpKernelContext* ctx) override {
+    const int64_t num_state = (1 + kSlots) * n_;
+    const int64_t first_hyper = num_state, first_grad = num_state + kHyper;
+    absl::Status status;
+    for (int i = 0; i < kHyper; ++i) {
+      const Shape shape = InputShape(ctx, first_hyper + i, &status);
+      OP_REQUIRES_OK(ctx, status);
+      OP_REQUIRES(ctx, shape.empty(),
+                  absl::InvalidArgumentError(std::string(Rule::kHyper[i]) +
+                                             " must be a scalar, got shape " + ShapeString(shape)));
+    }
+    OP_REQUIRES_OK(ctx, CheckDistinctVariables(ctx, num_state, [this](int64_t j) {
+                     const int64_t k = j / n_;
+                     return std::string(k == 0 ? "var" : Rule::kSlots[k - 1]) + "[" +
+                            std::to_string(j % n_) + "]";
+                   }));
+    std::vector<xla::XlaOp> state(num_state);
+    std::vector<Shape> shapes(num_state);
+    for (int64_t j = 0; j < num_state; ++j) {
+      tfw::TensorShape shape;
+      OP_REQUIRES_OK(ctx, ctx->ReadVariableInput(j, dtype_, &shape, &state[j]));
+      shapes[j] = ToShape(shape);
+    }
+    const Shape scalars[kHyper > 0 ? kHyper : 1];
+    for (int64_t v = 0; v < n_; ++v) {
+      std::array<Shape, kSlots> slots;
+      for (int k = 0; k < kSlots; ++k) slots[k] = shapes[(k + 1) * n_ + v];
+      const Shape grad = InputShape(ctx, first_grad + v, &status);
+      OP_REQUIRES_OK(ctx, status);
+      const std::string error = ValidateDense<Rule>(shapes[v], slots.data(), scalars, grad);
+      OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(GroupMemberError(v, n_, error)));
+    }
+    xla::XlaBuilder* b = ctx->builder();
+    std::vector<xla::XlaOp> updated(num_state);
+    if (UseCustomCall(on_cpu_)) {
+      std::vector<xla::XlaOp> operands(state);
+      for (int i = 0; i < kHyper; ++i) operands.push_back(ctx->Input(first_hyper + i));
+      for (int64_t v = 0; v < n_; ++v) operands.push_back(ctx->Input(first_grad + v));
+      std::vector<uint8_t> options(std::max(1, NumOptions<Rule>()), 0);
+      for (int i = 0; i < NumOptions<Rule>(); ++i) options[i] = options_[i] ? 1 : 0;
+      operands.push_back(xla::ConstantR1<uint8_t>(b, options));
+      std::vector<xla::Shape> out_shapes;
+      std::vector<std::pair<xla::ShapeIndex, std::pair<int64_t, xla::ShapeIndex>>> aliasing;
+      for (int64_t j = 0; j < num_state; ++j) {
+        auto shape = b->GetShape(state[j]);
+        OP_REQUIRES_OK(ctx, shape.status());
+        out_shapes.push_back(*shape);
+        aliasing.push_back({xla::ShapeIndex{j}, {j, xla::ShapeIndex{}}});
+      }
+      const xla::XlaOp call = xla::CustomCall(
+          b, GroupCustomCallTarget(Rule::kPyName), operands,
+          xla::ShapeUtil::MakeTupleShape(out_shapes), /*opaque=*/"", /*has_side_effect=*/true,
+          aliasing, /*literal=*/nullptr, xla::CustomCallSchedule::SCHEDULE_NONE,
+          xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);
+      for (int64_t j = 0; j < num_state; ++j) updated[j] = xla::GetTupleElement(call, j);
+    } else {
+      xla::PrimitiveType storage;
+      OP_REQUIRES_OK(ctx, tfw::DataTypeToPrimitiveType(dtype_, &storage));
+      const xla::PrimitiveType compute = ComputeTypeOf(storage);
+      XlaValueScope scope(b, compute);
+      const auto params = HloParams<Rule>(ctx, first_hyper, compute, options_.data());
+      for (int64_t v = 0; v < n_; ++v) {
+        std::array<xla::XlaOp, kSlots> slots;
+        for (int k = 0; k < kSlots; ++k) {
+          slots[k] = xla::ConvertElementType(state[(k + 1) * n_ + v], compute);
+        }
+        const HloState<Rule> out = HloUpdate<Rule>(
+            params, xla::ConvertElementType(state[v], compute), slots,
+            xla::ConvertElementType(ctx->Input(first_grad + v), compute), storage);
+        updated[v] = out.var;
+        for (int k = 0; k < kSlots; ++k) updated[(k + 1) * n_ + v] = out.slots[k];
+      }
+    }
+    OP_REQUIRES_OK(ctx, b->first_error());
+    for (int64_t j = 0; j < num_state; ++j) {
+      OP_REQUIRES_OK(ctx, ctx->AssignVariable(j, dtype_, updated[j]));
+    }
+  }
+
+ private:
+  const bool on_cpu_;
+  tfw::DataType dtype_;
+  int64_t n_ = 0;
+  std::array<bool, NumOptions<Rule>()> options_{};
+};
+
+}  // namespace xla_impl
+}  // namespace tf
+}  // namespace fusedopt
+
+#endif  // FUSEDOPT_CC_TF_XLA_OP_KERNELS_H_
