@@ -81,6 +81,8 @@ XLA_SRCS = [
 PYBIND_HDRS = [
     "cc/pybind/common.h",
     "cc/pybind/bandwidth.h",
+    "cc/pybind/cuda_arrays.h",  # these two: _core_cuda only
+    "cc/pybind/cuda_checks.h",
 ]
 PYBIND_SRCS = [
     "cc/pybind/core_module.cc",
