@@ -39,6 +39,38 @@ BUILD_COMMANDS = {"build", "build_ext", "bdist_wheel", "install", "develop", "ed
                   "bdist_egg"}
 
 
+# Headers the XLA kernels' includes need beyond TensorFlow's wheel (TF's XLA headers
+# include them; the wheel does not ship them): (header, Debian package).
+XLA_SYSTEM_HEADERS = (("highwayhash/arch_specific.h", "libhighwayhash-dev"),
+                      ("farmhash.h", "libfarmhash-dev"))
+
+
+def cxx_compiler():
+    """The C++ compiler the build will call: $CXX, else Python's configured one, else g++."""
+    import sysconfig
+
+    command = os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "g++"
+    return shlex.split(command)[0]
+
+
+def system_include_dirs(cxx):
+    """Where the compiler looks for system headers. $FUSEDOPT_SYSTEM_INCLUDE_DIRS (os.pathsep
+    separated) replaces the search, e.g. to check an environment without the packages."""
+    given = os.environ.get("FUSEDOPT_SYSTEM_INCLUDE_DIRS")
+    if given is not None:
+        return [d for d in given.split(os.pathsep) if d]
+    dirs = []
+    try:  # the compiler's own list (`#include <...> search starts here:` ...)
+        out = subprocess.run([cxx, "-E", "-x", "c++", "-", "-v"], input="", text=True,
+                             capture_output=True, timeout=60).stderr
+        listing = out.split("#include <...> search starts here:", 1)[1]
+        dirs = [line.strip() for line in listing.split("End of search list.")[0].splitlines()
+                if line.strip()]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        pass
+    return dirs or ["/usr/local/include", "/usr/include"]
+
+
 def prerequisite_problems(argv):
     """What this environment lacks for the command in `argv` (phrases; [] when ready)."""
     problems = []
@@ -63,6 +95,30 @@ def prerequisite_problems(argv):
                 why += (": pip's build isolation hides the environment's packages, "
                         "so the build must not be isolated")
             problems.append(why)
+        problems += system_problems(os.environ.get("FUSEDOPT_XLA", "1") != "0")
+    return problems
+
+
+def system_problems(xla):
+    """The system packages a build needs that are missing: a C++ compiler, and for the XLA
+    kernels two header packages (phrases naming the packages and the command)."""
+    problems = []
+    cxx = cxx_compiler()
+    if shutil.which(cxx) is None:
+        problems.append(f"no C++ compiler: {cxx} is not on PATH (Debian: sudo apt-get install "
+                        "g++; or set CXX)")
+    if xla:  # (without a compiler: in the usual system directories)
+        dirs = system_include_dirs(cxx)
+        missing = [(header, package) for header, package in XLA_SYSTEM_HEADERS
+                   if not any(os.path.exists(os.path.join(d, header)) for d in dirs)]
+        if missing:
+            headers = " and ".join(h for h, _ in missing)
+            packages = " ".join(p for _, p in missing)
+            problems.append(
+                f"the XLA kernels need {headers}, which are not installed (Debian: sudo "
+                f"apt-get install {packages}, or tools/install_system_deps.sh); or build "
+                "without the XLA kernels, which the ops need inside jit_compile "
+                "(FUSEDOPT_XLA=0 pip install --no-build-isolation .)")
     return problems
 
 

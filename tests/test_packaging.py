@@ -67,6 +67,40 @@ def test_no_build_isolation_in_a_bare_venv_names_every_prerequisite(bare_venv, t
     assert "Traceback" not in out
 
 
+def test_missing_system_packages_are_named_before_anything_compiles(tmp_path):
+    """Issue 34: a machine without the XLA kernels' header packages (the check pointed at an
+    empty include directory) and without a C++ compiler stops at once, with one message
+    naming the packages and the command, and the way out (FUSEDOPT_XLA=0): not a raw
+    compiler error a minute into the build."""
+    src = source_copy(tmp_path)
+    empty = tmp_path / "include"
+    empty.mkdir()
+    env = dict(os.environ, FUSEDOPT_SYSTEM_INCLUDE_DIRS=str(empty),
+               CXX=str(tmp_path / "no-such-g++"))
+    proc = run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps",
+                "--disable-pip-version-check", "--target", str(tmp_path / "target"), str(src)],
+               env=env)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "fusedopt cannot be built here" in out, out[-3000:]
+    assert "sudo apt-get install libhighwayhash-dev libfarmhash-dev" in out
+    assert "highwayhash/arch_specific.h and farmhash.h" in out
+    assert "no C++ compiler" in out and "apt-get install g++" in out
+    assert "FUSEDOPT_XLA=0 pip install --no-build-isolation ." in out
+    assert "No such file or directory" not in out and "Traceback" not in out
+    assert not (tmp_path / "target" / "fusedopt").exists()
+    # Without the XLA kernels the headers are not needed; with them and a compiler, only
+    # the headers are named.
+    for extra, named in (({"FUSEDOPT_XLA": "0"}, None), ({}, "libfarmhash-dev")):
+        check = run([sys.executable, "setup.py", "build_ext", "--help"], cwd=src,
+                    env=dict(os.environ, FUSEDOPT_SYSTEM_INCLUDE_DIRS=str(empty), **extra))
+        text = check.stdout + check.stderr
+        if named is None:
+            assert check.returncode == 0 and "cannot be built" not in text, text[-2000:]
+        else:
+            assert check.returncode != 0 and named in text and "no C++ compiler" not in text
+
+
 def test_plain_pip_install_explains_build_isolation(tmp_path):
     # pip's default: an isolated build env with setuptools and pybind11 from the package
     # index but without the environment's TensorFlow.
