@@ -1,6 +1,6 @@
 """The one list of C++ sources. Bazel loads it; setup.py reads it with exec().
 
-tests/test_build_config.py fails when a file under cc/ is missing from here.
+tests/build/test_build_config.py fails when a file under cc/ is missing from here.
 """
 
 # Layer 1: TensorFlow-free core (rules + generic CPU engine). Header-only.

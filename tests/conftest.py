@@ -6,6 +6,10 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# The tests' shared helpers (harness, numpy_reference, numpy_rules, error_cases) live in
+# tests/support, importable from every folder of concerns.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+
 # Use the installed package (pip install -e . or a wheel) when there is one; otherwise
 # fall back to the source tree so that the pure-Python parts (fusedopt.reference) can
 # be tested before the extension is built.

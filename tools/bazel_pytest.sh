@@ -22,7 +22,7 @@ import fusedopt._core
 print('loaded _fusedopt_ops.so and _core with TF', tf.__version__)"
 
 tests=()
-for t in tests/test_ops.py tests/test_errors.py tests/test_core.py; do
+for t in tests/ops/test_ops.py tests/ops/test_errors.py tests/core/test_core.py; do
     [[ -f $t ]] && tests+=("$t")
 done
 if [[ ${#tests[@]} -eq 0 ]]; then

@@ -11,7 +11,7 @@
 #     other distribution (tensorflow vs tensorflow-cpu: pip would install a second TensorFlow
 #     over the first), fails here;
 #   - `python -m fusedopt.info` (exit 0), fusedopt imported from the new venv, the version
-#     carrying the running TensorFlow's minor, then the op tests (tests/test_ops.py).
+#     carrying the running TensorFlow's minor, then the op tests (tests/ops/test_ops.py).
 # VENV_DIR defaults to build/wheel-venv (recreated each run).
 set -euo pipefail
 py=${1:?"usage: tools/check_wheel.sh PYTHON WHEEL [VENV_DIR]"}
@@ -55,4 +55,4 @@ print(f"check_wheel: fusedopt {version} from {os.path.dirname(fusedopt.__file__)
       f"requires {requires}, TF {tf.__version__} ({dist})")
 EOF
 TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2} "$venv/bin/python" -m pytest -q -p no:cacheprovider \
-  --rootdir "$root" "$root/tests/test_ops.py"
+  --rootdir "$root" "$root/tests/ops/test_ops.py"

@@ -8,7 +8,7 @@
 #   - ASan: halt_on_error=1 (any report fails the run); detect_leaks=0, since LeakSanitizer
 #     reports TensorFlow's and CPython's intentional process-lifetime allocations.
 #   - UBSan: -fno-sanitize-recover=all, so any undefined behaviour in our code aborts.
-# Default tests: tests/test_ops.py tests/test_errors.py tests/test_core.py tests/test_fuzz.py
+# Default tests: tests/ops/test_ops.py tests/ops/test_errors.py tests/core/test_core.py tests/ops/test_fuzz.py
 # (pass pytest args to run others). SANITIZE_OPT (default -O1) sets the optimisation level;
 # FUSEDOPT_JOBS (default 2) caps parallel compiles.
 set -euo pipefail
@@ -17,7 +17,7 @@ cd "$root"
 PY=${1:-python3}
 shift || true
 tests=("$@")
-[[ ${#tests[@]} -gt 0 ]] || tests=(tests/test_ops.py tests/test_errors.py tests/test_core.py tests/test_fuzz.py)
+[[ ${#tests[@]} -gt 0 ]] || tests=(tests/ops/test_ops.py tests/ops/test_errors.py tests/core/test_core.py tests/ops/test_fuzz.py)
 CXX=${CXX:-g++}
 out=$root/build/asan
 pkg=$out/fusedopt

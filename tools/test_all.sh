@@ -55,12 +55,12 @@ FUSEDOPT_GPU_STANDIN=1 "$py221" -m pytest -q -p no:cacheprovider tests/gpu
 if [[ -n $nvcc ]]; then
   section "TF 2.21: CPU op tests against the CUDA build (CPU-only TF: GPU kernels inert)"
   (cd tests && PYTHONPATH="$cuda_pkg" "$py221" -m fusedopt.info)
-  PYTHONPATH="$cuda_pkg" "$py221" -m pytest -q -p no:cacheprovider tests/test_ops.py tests/test_errors.py
+  PYTHONPATH="$cuda_pkg" "$py221" -m pytest -q -p no:cacheprovider tests/ops/test_ops.py tests/ops/test_errors.py
   section "GPU harness (tools/gpu_check.sh: builds, skips without a GPU)"
   tools/gpu_check.sh "$py221"
 fi
 section "TF 2.21: ASan + UBSan build, op tests"
-tools/sanitize.sh "$py221" tests/test_ops.py tests/test_errors.py tests/test_core.py
+tools/sanitize.sh "$py221" tests/ops/test_ops.py tests/ops/test_errors.py tests/core/test_core.py
 
 section "TF 2.15: environment"
 py215=$(tools/setup_env.sh 2.15)

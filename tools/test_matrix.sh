@@ -28,7 +28,7 @@ base=${FUSEDOPT_BASE_PYTHON:-python3.11}
 export FUSEDOPT_JOBS=${FUSEDOPT_JOBS:-1}
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 export PYTHONDONTWRITEBYTECODE=1
-tests=(tests/test_ops.py tests/test_compat_v1.py tests/test_keras.py tests/test_keras_legacy.py)
+tests=(tests/ops/test_ops.py tests/frontends/test_compat_v1.py tests/frontends/test_keras.py tests/frontends/test_keras_legacy.py)
 # Build and test tools, the same pins as tools/setup_env.sh.
 tools=(setuptools==84.2.1 pybind11==3.1.0 pytest==9.2.0 hypothesis==6.170.17 wheel==0.48.0)
 mkdir -p "$matrix/rows" "$venvs"

@@ -78,8 +78,9 @@ requires_gpu = pytest.mark.skipif(bool(MISSING), reason="no GPU: skipped (missin
 
 # The rules as the C++ registry reports them (a new rule is tested with no line here),
 # with each rule's option sets, slot ranges and hyper-parameters from its NumPy oracle
-# module (tests/numpy_rules; NumPy only, so it also runs on a machine without TF).
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# module (tests/support/numpy_rules; NumPy only, so it also runs on a machine without TF).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "support"))
 from numpy_rules import __path__ as _oracle_path  # noqa: E402
 
 ORACLES = {info.name: importlib.import_module("numpy_rules." + info.name)

@@ -1,0 +1,117 @@
+"""The benchmark suite's smoke run: every scenario runs on tiny sizes and every contender
+produces fusedopt's numbers (no timing assertions: speed is measured, not tested)."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.slow
+def test_quick_benchmark_runs_every_scenario_and_contenders_agree(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "fusedopt.bench", "--quick", "--out", str(tmp_path),
+         "--markdown", str(tmp_path / "report.md")],
+        capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    for scenario in ("sparse", "sparse_xla", "dense", "dense_sizes", "scaling", "bandwidth",
+                     "many_small", "aims"):
+        assert scenario in results
+    sparse = results["sparse"]
+    expected = {
+        "lazy_adam": {"fusedopt (raw op)", "composed gather/scatter", "tf.keras Adam",
+                      "tf.compat.v1 AdamOptimizer"},
+        "adagrad": {"fusedopt (raw op)", "composed gather/scatter",
+                    "TF ResourceSparseApplyAdagradV2 (+dedup)", "tf.keras Adagrad"},
+        "adamax": {"fusedopt (raw op)", "composed gather/scatter", "tf.keras Adamax"},
+    }
+    if importlib.util.find_spec("torch") is not None:
+        expected["lazy_adam"].add("torch SparseAdam")
+    if importlib.util.find_spec("tensorflow_addons") is not None:
+        expected["lazy_adam"].add("tensorflow_addons LazyAdam")
+    if importlib.util.find_spec("tf_keras") is not None:
+        expected["lazy_adam"].add("tf_keras legacy Adam")
+    for rule, names in expected.items():
+        assert names <= set(sparse[rule]), (rule, sorted(sparse[rule]))
+    xla = {"fusedopt.keras.LazyAdam, XLA", "fusedopt (raw op), XLA",
+           "fusedopt (raw op), XLA, HLO lowering", "fusedopt (raw op), no XLA", "tf.keras Adam, XLA"}
+    assert len(results["sparse_xla"]) == 2  # two table sizes
+    for rows_in_table, rows in results["sparse_xla"].items():
+        assert xla <= set(rows), (rows_in_table, sorted(rows))
+    assert len(results["dense_sizes"]) == 2  # two sizes
+    for n, rows in results["dense_sizes"].items():
+        assert {"fusedopt (raw op)", "TF fused kernel"} <= set(rows), (n, sorted(rows))
+    many_small = results["many_small"]
+    expected_small = {"fusedopt packed group op (raw)", "fusedopt group op (raw)",
+                      "fusedopt per-variable ops (raw)",
+                      "fusedopt group op (raw), v1 Session",
+                      "fusedopt per-variable ops (raw), v1 Session",
+                      "TF fused kernel per variable", "fusedopt.keras.LazyAdam (group op)",
+                      "tf.keras Adam"}
+    if importlib.util.find_spec("tf_keras") is not None:
+        expected_small |= {"tf_keras legacy Adam", "fusedopt.keras.legacy.LazyAdam (group op)"}
+    if importlib.util.find_spec("torch") is not None:
+        expected_small |= {"torch Adam (foreach)", "torch Adam (fused)"}
+        assert all("torch Adam (fused)" in rows for rows in results["dense_sizes"].values())
+        for rows in results["dense_sizes"].values():  # the engine and torch, one set of buffers
+            same = rows["_meta"]["same_buffers_ms"]
+            assert set(same) == {"fusedopt engine (_core)", "torch Adam (fused)"}
+            assert all(ms > 0 for ms in same.values())
+    looped = ", {} steps per call".format(many_small["_meta"]["loop_steps"])
+    expected_small |= {name + looped for name in (
+        "fusedopt packed group op (raw)", "fusedopt group op (raw)",
+        "fusedopt per-variable ops (raw)", "fusedopt.keras.LazyAdam (group op)",
+        "tf.keras Adam")}
+    assert expected_small <= set(many_small), sorted(many_small)
+    for name, row in many_small.items():
+        if not name.startswith("_"):
+            assert row["match"] and row["max_rel_error"] < 1e-3, (name, row)
+    for block in ("sparse", "sparse_xla", "dense", "dense_sizes"):
+        for rule, rows in results[block].items():
+            for name, row in rows.items():
+                if not name.startswith("_"):
+                    assert row["match"] and row["max_rel_error"] < 1e-3, (block, rule, name, row)
+                    assert row["median_ms"] > 0
+    from fusedopt import rules
+    assert set(results["dense"]) == set(results["sparse"]) == set(rules.names())
+    assert "TF fused kernel" in results["dense"]["adagrad"]
+    assert (tmp_path / "report.md").read_text().count("| aim |") == 1
+    probes = results["bandwidth"]["measured_GB_per_s"]
+    assert {k.split()[0] for k in probes} == {"copy", "triad", "update", "update3"}
+    assert all(v > 0 for v in probes.values())
+    assert results["bandwidth"]["fusedopt_op_adam_GB_per_s"] > 0
+    from fusedopt import bench
+    assert results["scaling"]["huge_pages_MB"] is not None
+    if bench.huge_pages_available():  # the child process with the ops' advice off ran
+        small = results["scaling"]["table_rows_small_pages"]
+        assert set(small) == set(results["scaling"]["table_rows"])
+
+
+def test_a_mismatch_in_any_contender_table_fails_the_run():
+    from fusedopt.bench import cli
+
+    def table(match):
+        return {"fusedopt (raw op)": {"match": True}, "other": {"match": match}, "_meta": {}}
+
+    results = {"sparse": {"lazy_adam": table(True)}, "sparse_xla": {"500": table(True)},
+               "dense": {"adagrad": table(True)}, "many_small": {"other": {"match": True}}}
+    assert cli.mismatches(results) == []
+    for block, key in [("sparse", "lazy_adam"), ("sparse_xla", "500"), ("dense", "adagrad")]:
+        broken = dict(results, **{block: {key: table(False)}})
+        assert cli.mismatches(broken) == [(block, key, "other")]
+    broken = dict(results, many_small={"other": {"match": False}})
+    assert cli.mismatches(broken) == [("many_small", "other")]
+
+
+def test_memory_bandwidth_probe_validates_and_measures():
+    import pytest
+    from fusedopt import _core
+    for kernel in ("copy", "triad", "update", "update3"):
+        assert 0 < _core.memory_bandwidth(kernel, 4096, 2, 2) < 1e5
+    with pytest.raises(ValueError, match="kernel must be"):
+        _core.memory_bandwidth("scale", 4096)
+    with pytest.raises(ValueError, match=r"16 \* num_threads <= n"):
+        _core.memory_bandwidth("copy", 8, 1, 1)

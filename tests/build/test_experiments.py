@@ -1,0 +1,69 @@
+"""The experiments BENCHMARKS.md quotes (benchmarks/experiments/): each still runs.
+
+A/B tools that compare two settings of the op library in separate processes, and plain
+C++ probes of a memory pattern without TensorFlow, at their quick sizes.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+EXPERIMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                           "benchmarks", "experiments")
+
+
+def run_ab_tool_quick(name, tmp_path):
+    """Runs benchmarks/experiments/<name> --quick --rounds 1 and returns the JSON it wrote."""
+    out = tmp_path / "ab.json"
+    tool = os.path.join(EXPERIMENTS, name)
+    proc = subprocess.run([sys.executable, tool, "--quick", "--rounds", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_isa_ab_tool_runs_both_loops(tmp_path):
+    """benchmarks/experiments/isa_ab.py (BENCHMARKS.md's AVX2 A/B) in its quick form: each process reports the
+    loop it ran, and every step has a time for both."""
+    result = run_ab_tool_quick("isa_ab.py", tmp_path)
+    assert [r["isa"] for r in result["runs"]["baseline"]] == ["baseline"]
+    assert result["runs"]["default"][0]["isa"] in ("avx2", "baseline")
+    assert set(result["summary"]) == {"dense_4096", "many_small_group"}
+    for row in result["summary"].values():
+        assert row["default_ms"] > 0 and row["baseline_ms"] > 0
+
+
+@pytest.mark.slow
+def test_separation_ab_tool_runs_both_settings(tmp_path):
+    """benchmarks/experiments/separation_ab.py (BENCHMARKS.md's buffer-separation A/B) in its quick form: each
+    setting's processes report their setting, every step has a time for both, and nothing
+    moves with the setting off."""
+    result = run_ab_tool_quick("separation_ab.py", tmp_path)
+    assert [r["moved"]["enabled"] for r in result["runs"]["on"]] == [True]
+    assert [r["moved"] for r in result["runs"]["off"]] == [
+        dict(enabled=False, moved_buffers=0, moved_bytes=0, failures=0)]
+    assert set(result["summary"]) == {"dense, setup 0", "dense, setup 1",
+                                      "sparse [1,024, 64], 64 ids"}
+    for row in result["summary"].values():
+        assert row["on_ms"] > 0 and row["off_ms"] > 0
+
+
+@pytest.mark.parametrize("tool,args,expect", [
+    ("cache_alias_probe.cc", ["65536", "1048576", "4096", "8192", "12288"], "ms"),
+    ("table_rows_probe.cc", ["20000", "1", "8", "sorted"], "rows 20000 huge 1 distance 8 sorted"),
+])
+def test_cpp_probes_compile_warning_free_and_run(tmp_path, tool, args, expect):
+    """The plain C++ probes BENCHMARKS.md quotes (no TensorFlow), at tiny sizes."""
+    if shutil.which("g++") is None:
+        pytest.fail("g++ is needed (the project's builds need it too)")
+    source = os.path.join(EXPERIMENTS, tool)
+    binary = str(tmp_path / "probe")
+    subprocess.run(["g++", "-O2", "-mavx2", "-pthread", "-Wall", "-Wextra", "-Werror", "-o",
+                    binary, source], check=True, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([binary, *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert expect in proc.stdout
