@@ -94,3 +94,18 @@ def test_no_import_circle():
 def test_the_circle_check_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_every_test_folder_is_collected(request):
+    """pytest skips folders matching norecursedirs (its default has "build"): a folder of
+    tests named like one would silently never run."""
+    import fnmatch
+
+    tests = os.path.join(os.path.dirname(PACKAGE), os.pardir, "tests")
+    patterns = request.config.getini("norecursedirs")
+    folders = [d for d in os.listdir(tests) if os.path.isdir(os.path.join(tests, d))
+               and any(f.startswith("test_") for f in os.listdir(os.path.join(tests, d)))]
+    assert len(folders) >= 8, folders
+    hidden = [d for d in folders if any(fnmatch.fnmatch(d, p) for p in patterns)]
+    assert not hidden, (hidden, patterns)
+    assert any(fnmatch.fnmatch("build", p) for p in patterns)  # the check can fail
