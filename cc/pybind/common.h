@@ -130,6 +130,12 @@ inline py::dict Rules() {
   return out;
 }
 
+// What both modules start with: their docstring and rules().
+inline void DefineModuleBasics(py::module_& m, const char* doc) {
+  m.doc() = doc;
+  m.def("rules", &Rules, "Rule metadata: slots, hyper-parameters and options of every rule.");
+}
+
 }  // namespace pycommon
 }  // namespace fusedopt
 

@@ -34,7 +34,6 @@ namespace {
 using pycommon::Dispatch;
 using pycommon::ParamsFromDicts;
 using pycommon::Require;
-using pycommon::Rules;
 
 using cuda_module::AsyncAllocator;
 using cuda_module::Check;
@@ -292,8 +291,7 @@ std::unique_ptr<PendingCheck> ApplySparsePy(const std::string& rule, const py::h
 
 PYBIND11_MODULE(_core_cuda, m) {
   using namespace fusedopt;
-  m.doc() = "fusedopt's CUDA update kernels applied in place to CUDA device arrays.";
-  m.def("rules", &Rules, "Rule metadata: slots, hyper-parameters and options of every rule.");
+  pycommon::DefineModuleBasics(m, "fusedopt's CUDA update kernels applied in place to CUDA device arrays.");
   m.def(
       "device_count",
       [] {

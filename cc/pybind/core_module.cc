@@ -25,7 +25,6 @@ namespace {
 using pycommon::Dispatch;
 using pycommon::ParamsFromDicts;
 using pycommon::Require;
-using pycommon::Rules;
 
 Shape ShapeOf(const py::array& a) {
   return Shape(a.shape(), a.shape() + a.ndim());
@@ -211,8 +210,7 @@ py::array_t<float> WidenToFloat32(py::array_t<uint16_t, py::array::c_style> bits
 
 PYBIND11_MODULE(_core, m) {
   using namespace fusedopt;
-  m.doc() = "fusedopt's TensorFlow-free update kernels applied in place to NumPy arrays.";
-  m.def("rules", &Rules, "Rule metadata: slots, hyper-parameters and options of every rule.");
+  pycommon::DefineModuleBasics(m, "fusedopt's TensorFlow-free update kernels applied in place to NumPy arrays.");
   m.def("round_float32", &RoundFloat32, py::arg("x"), py::arg("dtype"),
         "float32 -> float16/bfloat16 bit patterns, rounded as the kernels store them.");
   m.def("widen_to_float32", &WidenToFloat32, py::arg("bits"), py::arg("dtype"),
