@@ -28,22 +28,13 @@
 
 namespace py = pybind11;
 
-namespace fusedopt {
+// Beside the device-array view it is built from (cuda_arrays.h, cuda_checks.h).
+namespace fusedopt::cuda_module {
 namespace {
 
 using pycommon::Dispatch;
 using pycommon::ParamsFromDicts;
 using pycommon::Require;
-
-using cuda_module::AsyncAllocator;
-using cuda_module::Check;
-using cuda_module::CheckRecords;
-using cuda_module::DeviceArray;
-using cuda_module::DeviceOf;
-using cuda_module::DeviceScope;
-using cuda_module::DtypeName;
-using cuda_module::FromInterface;
-using cuda_module::PendingCheck;
 
 struct State {
   DeviceArray var, grad;
@@ -287,10 +278,11 @@ std::unique_ptr<PendingCheck> ApplySparsePy(const std::string& rule, const py::h
 }
 
 }  // namespace
-}  // namespace fusedopt
+}  // namespace fusedopt::cuda_module
 
 PYBIND11_MODULE(_core_cuda, m) {
   using namespace fusedopt;
+  using namespace fusedopt::cuda_module;
   pycommon::DefineModuleBasics(m, "fusedopt's CUDA update kernels applied in place to CUDA device arrays.");
   m.def(
       "device_count",

@@ -17,14 +17,9 @@
 #include "cc/pybind/bandwidth.h"
 #include "cc/pybind/common.h"
 
-namespace py = pybind11;
-
-namespace fusedopt {
+// The NumPy module's code lives in pycommon, beside the helpers it is built from.
+namespace fusedopt::pycommon {
 namespace {
-
-using pycommon::Dispatch;
-using pycommon::ParamsFromDicts;
-using pycommon::Require;
 
 Shape ShapeOf(const py::array& a) {
   return Shape(a.shape(), a.shape() + a.ndim());
@@ -180,37 +175,40 @@ int ThreadCount(int64_t num_threads) {
   return static_cast<int>(std::min<int64_t>(num_threads, kMaxThreads));
 }
 
-// Exposes the 16-bit conversions so tests can compare them with NumPy/ml_dtypes.
+// Exposes the 16-bit conversions so tests can compare them with NumPy/ml_dtypes: `convert`
+// is called as convert(x, is_half) for every element.
+template <typename Out, typename In, typename Convert>
+py::array_t<Out> ConvertEach(const py::array_t<In, py::array::c_style>& x,
+                             const std::string& dtype, Convert convert) {
+  Require(dtype == "float16" || dtype == "bfloat16", "dtype must be float16 or bfloat16");
+  py::array_t<Out> out(x.size());
+  const In* in = x.data();
+  Out* values = out.mutable_data();
+  for (py::ssize_t i = 0; i < x.size(); ++i) values[i] = convert(in[i], dtype == "float16");
+  return out;
+}
+
 py::array_t<uint16_t> RoundFloat32(py::array_t<float, py::array::c_style> x,
                                    const std::string& dtype) {
-  Require(dtype == "float16" || dtype == "bfloat16", "dtype must be float16 or bfloat16");
-  py::array_t<uint16_t> out(x.size());
-  const float* in = x.data();
-  uint16_t* bits = out.mutable_data();
-  for (py::ssize_t i = 0; i < x.size(); ++i) {
-    bits[i] = dtype == "float16" ? ToHalf(in[i]).bits : ToBfloat16(in[i]).bits;
-  }
-  return out;
+  return ConvertEach<uint16_t>(x, dtype, [](float v, bool half) {
+    return half ? ToHalf(v).bits : ToBfloat16(v).bits;
+  });
 }
 
 py::array_t<float> WidenToFloat32(py::array_t<uint16_t, py::array::c_style> bits,
                                   const std::string& dtype) {
-  Require(dtype == "float16" || dtype == "bfloat16", "dtype must be float16 or bfloat16");
-  py::array_t<float> out(bits.size());
-  const uint16_t* in = bits.data();
-  float* values = out.mutable_data();
-  for (py::ssize_t i = 0; i < bits.size(); ++i) {
-    values[i] = dtype == "float16" ? ToFloat(half_t{in[i]}) : ToFloat(bfloat16_t{in[i]});
-  }
-  return out;
+  return ConvertEach<float>(bits, dtype, [](uint16_t b, bool half) {
+    return half ? ToFloat(half_t{b}) : ToFloat(bfloat16_t{b});
+  });
 }
 
 }  // namespace
-}  // namespace fusedopt
+}  // namespace fusedopt::pycommon
 
 PYBIND11_MODULE(_core, m) {
   using namespace fusedopt;
-  pycommon::DefineModuleBasics(m, "fusedopt's TensorFlow-free update kernels applied in place to NumPy arrays.");
+  using namespace fusedopt::pycommon;
+  DefineModuleBasics(m, "fusedopt's TensorFlow-free update kernels applied in place to NumPy arrays.");
   m.def("round_float32", &RoundFloat32, py::arg("x"), py::arg("dtype"),
         "float32 -> float16/bfloat16 bit patterns, rounded as the kernels store them.");
   m.def("widen_to_float32", &WidenToFloat32, py::arg("bits"), py::arg("dtype"),

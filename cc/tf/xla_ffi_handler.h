@@ -37,6 +37,44 @@ class FfiExecutor final : public Executor {
   ffi::ThreadPool& pool_;
 };
 
+// Result i starts as argument i: aliased (the normal case) it is the same buffer, else the
+// old value is copied in. Its data, and argument i's element count and leading dimension.
+// std::nullopt on success (ffi::Error's own test for it differs across TF versions).
+inline std::optional<ffi::Error> StateBuffer(const ffi::RemainingArgs& args,
+                                             const ffi::RemainingRets& rets, int64_t i,
+                                             void** data, int64_t* elements, int64_t* rows) {
+  auto in = args.get<ffi::AnyBuffer>(i);
+  auto out = rets.get<ffi::AnyBuffer>(i);
+  if (!in.has_value()) return in.error();
+  if (!out.has_value()) return out.error();
+  *data = (*out)->untyped_data();
+  if (*data != in->untyped_data()) std::memcpy(*data, in->untyped_data(), in->size_bytes());
+  *elements = static_cast<int64_t>(in->element_count());
+  const auto dims = in->dimensions();
+  *rows = dims.size() > 0 ? dims[0] : 1;
+  return std::nullopt;
+}
+
+// The rule's Params from its scalar hyper-parameter arguments (first_hyper, ...) and the
+// options argument (one byte per option).
+template <typename Rule, typename T>
+std::optional<ffi::Error> ReadParams(const ffi::RemainingArgs& args, int64_t first_hyper, int64_t options_at,
+                      ParamsFor<Rule, T>* params) {
+  std::array<const T*, NumHyper<Rule>()> hyper;
+  for (int i = 0; i < NumHyper<Rule>(); ++i) {
+    auto h = args.get<ffi::AnyBuffer>(first_hyper + i);
+    if (!h.has_value()) return h.error();
+    hyper[i] = static_cast<const T*>(h->untyped_data());
+  }
+  auto options = args.get<ffi::AnyBuffer>(options_at);
+  if (!options.has_value()) return options.error();
+  std::array<bool, NumOptions<Rule>()> flags{};
+  const auto* option_bytes = static_cast<const uint8_t*>(options->untyped_data());
+  for (int i = 0; i < NumOptions<Rule>(); ++i) flags[i] = option_bytes[i] != 0;
+  *params = PrepareParams<Rule, T>(hyper.data(), flags.data());
+  return std::nullopt;
+}
+
 // Call::Typed<T>(pool, args, rets) for the storage type of the first argument (var).
 template <typename Call>
 ffi::Error RunTyped(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets) {
@@ -80,34 +118,19 @@ struct FfiCall {
     std::array<T*, 1 + kSlots> state;
     int64_t elements = 0, num_rows = 0;
     for (int i = 0; i <= kSlots; ++i) {
-      auto in = args.get<ffi::AnyBuffer>(i);
-      auto out = rets.get<ffi::AnyBuffer>(i);
-      if (!in.has_value()) return in.error();
-      if (!out.has_value()) return out.error();
-      void* dst = (*out)->untyped_data();
-      // Aliased (the normal case): the same buffer. Otherwise start from the old value.
-      if (dst != in->untyped_data()) std::memcpy(dst, in->untyped_data(), in->size_bytes());
-      state[i] = static_cast<T*>(dst);
-      if (i == 0) {
-        elements = static_cast<int64_t>(in->element_count());
-        const auto dims = in->dimensions();
-        num_rows = dims.size() > 0 ? dims[0] : 1;
-      }
-    }
-    std::array<const T*, kHyper> hyper;
-    for (int i = 0; i < kHyper; ++i) {
-      auto h = args.get<ffi::AnyBuffer>(1 + kSlots + i);
-      if (!h.has_value()) return h.error();
-      hyper[i] = static_cast<const T*>(h->untyped_data());
+      void* data = nullptr;
+      int64_t count = 0, rows = 0;
+      if (auto e = StateBuffer(args, rets, i, &data, &count, &rows)) return std::move(*e);
+      state[i] = static_cast<T*>(data);
+      if (i == 0) elements = count, num_rows = rows;
     }
     auto grad = args.get<ffi::AnyBuffer>(1 + kSlots + kHyper);
     if (!grad.has_value()) return grad.error();
-    auto options = args.get<ffi::AnyBuffer>(2 + kSlots + kHyper + (kSparse ? 1 : 0));
-    if (!options.has_value()) return options.error();
-    std::array<bool, NumOptions<Rule>()> flags{};
-    const auto* option_bytes = static_cast<const uint8_t*>(options->untyped_data());
-    for (int i = 0; i < NumOptions<Rule>(); ++i) flags[i] = option_bytes[i] != 0;
-    const auto params = PrepareParams<Rule, T>(hyper.data(), flags.data());
+    ParamsFor<Rule, T> params;
+    if (auto e = ReadParams<Rule, T>(args, 1 + kSlots, 2 + kSlots + kHyper + (kSparse ? 1 : 0),
+                                     &params)) {
+      return std::move(*e);
+    }
     const T* grad_data = static_cast<const T*>(grad->untyped_data());
     FfiExecutor executor(pool);
     if constexpr (!kSparse) {
@@ -154,39 +177,28 @@ struct FfiGroupCall {
     }
     std::vector<DenseTensor<Rule, T>> tensors(n);
     for (int64_t j = 0; j < num_state; ++j) {
-      auto in = args.get<ffi::AnyBuffer>(j);
-      auto out = rets.get<ffi::AnyBuffer>(j);
-      if (!in.has_value()) return in.error();
-      if (!out.has_value()) return out.error();
-      void* dst = (*out)->untyped_data();
-      if (dst != in->untyped_data()) std::memcpy(dst, in->untyped_data(), in->size_bytes());
+      void* data = nullptr;
+      int64_t count = 0, rows = 0;
+      if (auto e = StateBuffer(args, rets, j, &data, &count, &rows)) return std::move(*e);
       DenseTensor<Rule, T>& x = tensors[j % n];
       if (j < n) {
-        x.var = static_cast<T*>(dst);
-        x.n = static_cast<int64_t>(in->element_count());
+        x.var = static_cast<T*>(data);
+        x.n = count;
       } else {
-        x.slots[j / n - 1] = static_cast<T*>(dst);
+        x.slots[j / n - 1] = static_cast<T*>(data);
       }
-    }
-    std::array<const T*, kHyper> hyper;
-    for (int i = 0; i < kHyper; ++i) {
-      auto h = args.get<ffi::AnyBuffer>(num_state + i);
-      if (!h.has_value()) return h.error();
-      hyper[i] = static_cast<const T*>(h->untyped_data());
     }
     for (int64_t v = 0; v < n; ++v) {
       auto grad = args.get<ffi::AnyBuffer>(num_state + kHyper + v);
       if (!grad.has_value()) return grad.error();
       tensors[v].grad = static_cast<const T*>(grad->untyped_data());
     }
-    auto options = args.get<ffi::AnyBuffer>(num_state + kHyper + n);
-    if (!options.has_value()) return options.error();
-    std::array<bool, NumOptions<Rule>()> flags{};
-    const auto* option_bytes = static_cast<const uint8_t*>(options->untyped_data());
-    for (int i = 0; i < NumOptions<Rule>(); ++i) flags[i] = option_bytes[i] != 0;
+    ParamsFor<Rule, T> params;
+    if (auto e = ReadParams<Rule, T>(args, num_state, num_state + kHyper + n, &params)) {
+      return std::move(*e);
+    }
     FfiExecutor executor(pool);
-    ApplyDenseGroup<Rule, T>(PrepareParams<Rule, T>(hyper.data(), flags.data()), tensors.data(),
-                             n, executor);
+    ApplyDenseGroup<Rule, T>(params, tensors.data(), n, executor);
     return ffi::Error::Success();
   }
 

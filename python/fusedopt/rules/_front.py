@@ -17,15 +17,17 @@ REQUIRED = object()  # a constructor argument without a default
 
 
 @dataclasses.dataclass(frozen=True)
-class Attr:
+class _Named:
+    """A value the front end looks up by name; subclasses say where."""
+    name: str
+
+
+class Attr(_Named):
     """An optimizer attribute (number, tensor, variable or callable), in the var's dtype."""
-    name: str
 
 
-@dataclasses.dataclass(frozen=True)
-class Power:
+class Power(_Named):
     """An attribute raised to the step number (``iterations + 1``): Adam's beta powers."""
-    name: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,13 +36,13 @@ class LearningRate:
 
 
 @dataclasses.dataclass(frozen=True)
-class Keras:
-    """``fusedopt.keras.<name>``: subclasses ``keras.optimizers.<base>``, keeps its
-    arguments and variables, replaces ``update_step``."""
+class _KerasFamily:
+    """What the two Keras front ends share: a subclass of `base` named `name` whose update
+    runs the rule's op, with the base's own update where the rule does not cover a setting."""
     name: str
     base: str
-    slots: tuple           # the base's per-variable lists, in the rule's slot order
-    hyper: dict            # op hyper-parameter -> Attr / Power / LearningRate
+    slots: tuple           # the base's slots (per-variable lists or slot names), rule order
+    hyper: dict            # op hyper-parameter -> where the front end keeps it
     options: dict = dataclasses.field(default_factory=dict)
     # When the base's own update runs instead: an attribute name (true: own update) or a
     # function of the optimizer, for settings the rule does not cover (e.g. amsgrad).
@@ -48,37 +50,30 @@ class Keras:
     doc: str = ""
 
     def keeps_own_update(self, optimizer):
-        return _keeps_own_update(self.own_update_when, optimizer)
-
-
-def _keeps_own_update(condition, optimizer):
-    if condition is None:
-        return False
-    if callable(condition):
-        return bool(condition(optimizer))
-    return bool(getattr(optimizer, condition, False))
+        condition = self.own_update_when
+        if condition is None:
+            return False
+        if callable(condition):
+            return bool(condition(optimizer))
+        return bool(getattr(optimizer, condition, False))
 
 
 @dataclasses.dataclass(frozen=True)
-class Legacy:
+class Keras(_KerasFamily):
+    """``fusedopt.keras.<name>``: subclasses ``keras.optimizers.<base>``, keeps its
+    arguments and variables, replaces ``update_step``. ``slots``: the base's per-variable
+    lists; ``hyper`` values: Attr / Power / LearningRate."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Legacy(_KerasFamily):
     """``fusedopt.keras.legacy.<name>``: subclasses Keras 2's ``optimizers.legacy.<base>``,
-    replaces ``_resource_apply_dense``/``_resource_apply_sparse``."""
-    name: str
-    base: str
-    slots: tuple           # the base's slot names, in the rule's slot order
-    hyper: dict            # op hyper-parameter -> key of the base's apply_state coefficients
-    options: dict = dataclasses.field(default_factory=dict)
-    own_update_when: Optional[Union[str, Callable]] = None  # as Keras.own_update_when
-    doc: str = ""
-
-    def keeps_own_update(self, optimizer):
-        return _keeps_own_update(self.own_update_when, optimizer)
+    replaces ``_resource_apply_dense``/``_resource_apply_sparse``. ``slots``: the base's slot
+    names; ``hyper`` values: keys of the base's apply_state coefficients."""
 
 
-@dataclasses.dataclass(frozen=True)
-class NonSlot:
+class NonSlot(_Named):
     """A compat.v1 non-slot variable (e.g. ``beta1_power``), see ``CompatV1.powers``."""
-    name: str
 
 
 @dataclasses.dataclass(frozen=True)
