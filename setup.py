@@ -10,8 +10,12 @@ Environment: ``FUSEDOPT_WERROR=1`` turns our own warnings into errors (CI);
 ``FUSEDOPT_XLA=0`` leaves out the XLA kernels (``XLA_SRCS``: the ops then fail inside
 ``jit_compile``); by default they are built, linking ``libtensorflow_cc.so.2``.
 
-``FUSEDOPT_WHEEL_FOR_TF=1`` (``tools/build_wheel.sh``) versions the build for its TensorFlow
-(``0.2.0+tf2.21.cpu``) and pins that TensorFlow minor (see ``wheel_version_and_pin``).
+``FUSEDOPT_WHEEL_FOR_TF=1`` (``tools/build_wheel.sh``, which also names the wheel for its
+TensorFlow: ``fusedopt-tf2.21-cpu``) pins that TensorFlow minor (see ``wheel_pin``).
+
+On x86-64 Linux both libraries are built to the glibc/libstdc++ floor of TensorFlow's own
+wheel (``cc/compat/abi_floor.h``; ``FUSEDOPT_ABI_FLOOR=0`` turns that off), so the wheel can
+be tagged manylinux as TensorFlow's is.
 
 Without TensorFlow, pybind11 or setuptools >= 77 the build stops at once with one message
 saying what to install (``prerequisite_problems``).
@@ -26,6 +30,7 @@ import glob
 import hashlib
 import json
 import os
+import platform
 import re
 import shlex
 import shutil
@@ -147,6 +152,10 @@ WARNINGS = ["-Wall", "-Wextra"] + (["-Werror"] if os.environ.get("FUSEDOPT_WERRO
 OPT = ["-O3", "-fno-math-errno"]
 CUDA = os.environ.get("FUSEDOPT_CUDA") == "1"
 XLA = os.environ.get("FUSEDOPT_XLA", "1") != "0"
+# The glibc/libstdc++ floor of TensorFlow's own wheel (cc/compat/abi_floor.h): on x86-64
+# Linux unless FUSEDOPT_ABI_FLOOR=0.
+ABI_FLOOR = (os.environ.get("FUSEDOPT_ABI_FLOOR", "1") != "0" and sys.platform.startswith("linux")
+             and platform.machine() == "x86_64")
 CUDA_EXT = "fusedopt._core_cuda"
 
 
@@ -212,22 +221,21 @@ def loader_module():
     return module
 
 
-def wheel_version_and_pin(base_version):
-    """For FUSEDOPT_WHEEL_FOR_TF=1 (tools/build_wheel.sh): the version with the TensorFlow
-    the wheel is built for as a local label, and the requirement pinning that TF minor.
+def wheel_pin():
+    """For FUSEDOPT_WHEEL_FOR_TF=1 (tools/build_wheel.sh): the requirement pinning the
+    TensorFlow minor the wheel is built against.
 
     The pin names the distribution installed here (FUSEDOPT_TF_DIST overrides it):
     tensorflow-cpu and tensorflow install the same `tensorflow` package, and a requirement
     on the other one would make pip install a second TensorFlow over the first. The two
-    wheels differ only in that pin, so the label tells them apart: +tf2.21 requires
-    tensorflow, +tf2.21.cpu requires tensorflow-cpu.
+    wheels differ only in that pin; their names tell them apart (_loader.wheel_name:
+    fusedopt-tf2.21 requires tensorflow, fusedopt-tf2.21-cpu tensorflow-cpu).
     """
     import tensorflow as tf
 
     loader = loader_module()
     dist = os.environ.get("FUSEDOPT_TF_DIST") or loader.tensorflow_distribution(tf.__version__)
-    return (loader.wheel_version(base_version, tf.__version__, dist),
-            loader.tensorflow_requirement(tf.__version__, dist))
+    return loader.tensorflow_requirement(tf.__version__, dist)
 
 
 def sources():
@@ -365,7 +373,7 @@ class BuildFusedOpt(build_ext):
         obj_dir = os.path.join(self.build_temp, "ops_cuda" if CUDA else "ops")
         os.makedirs(obj_dir, exist_ok=True)
         os.makedirs(os.path.dirname(out), exist_ok=True)
-        flags = ["-std=c++17", "-fPIC", *OPT, *WARNINGS, "-I", ROOT, *tf_compile]
+        flags = ["-std=c++17", "-fPIC", *OPT, *WARNINGS, "-I", ROOT, *tf_compile, *abi_floor_flags()]
         if CUDA:
             flags.append("-DFUSEDOPT_CUDA=1")  # GPU registrations (host code: no CUDA headers)
 
@@ -437,19 +445,25 @@ def write_build_info(package_dir, tf_version, build_system, compiler, cuda=None)
     return path
 
 
+def abi_floor_flags():
+    return ["-include", os.path.join(ROOT, lists["ABI_FLOOR_HDRS"][0])] if ABI_FLOOR else []
+
+
 lists = sources()
+abi_floor_srcs = lists["ABI_FLOOR_SRCS"] if ABI_FLOOR else []
 gpu_depends = lists["GPU_HDRS"] + lists["GPU_CUDA_HDRS"] + lists["GPU_SRCS"]
 extensions = [
-    Extension(OPS_EXT, sources=lists["TF_SRCS"],
+    Extension(OPS_EXT, sources=lists["TF_SRCS"] + abi_floor_srcs,
               depends=lists["CORE_HDRS"] + lists["TF_HDRS"] + lists["XLA_HDRS"]
+              + lists["ABI_FLOOR_HDRS"]
               + lists["XLA_SRCS"] + (gpu_depends if CUDA else [])),
     Pybind11Extension(
         "fusedopt._core",
-        sources=lists["PYBIND_SRCS"],
+        sources=lists["PYBIND_SRCS"] + abi_floor_srcs,
         include_dirs=[ROOT],
-        depends=lists["CORE_HDRS"] + lists["PYBIND_HDRS"],
+        depends=lists["CORE_HDRS"] + lists["PYBIND_HDRS"] + lists["ABI_FLOOR_HDRS"],
         cxx_std=20,  # templated lambdas for dtype dispatch
-        extra_compile_args=[*OPT, *WARNINGS],
+        extra_compile_args=[*OPT, *WARNINGS, *abi_floor_flags()],
     ),
 ]
 if CUDA:
@@ -463,7 +477,6 @@ if CUDA:
     ))
 version, requirements = project_version(), ["numpy"]
 if os.environ.get("FUSEDOPT_WHEEL_FOR_TF") == "1":
-    version, pin = wheel_version_and_pin(version)
-    requirements.append(pin)
+    requirements.append(wheel_pin())
 setup(version=version, install_requires=requirements, ext_modules=extensions,
       cmdclass={"build_ext": BuildFusedOpt})

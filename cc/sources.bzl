@@ -92,3 +92,13 @@ PYBIND_SRCS = [
 PYBIND_CUDA_SRCS = [
     "cc/pybind/core_cuda_module.cc",
 ]
+
+# Linked into the setup.py builds' libraries (op library, _core) on x86-64 Linux, with
+# abi_floor.h force-included: the wheel needs no newer glibc/libstdc++ than TensorFlow's
+# own wheel (manylinux_2_27 for TF 2.21). FUSEDOPT_ABI_FLOOR=0 builds without them.
+ABI_FLOOR_HDRS = [
+    "cc/compat/abi_floor.h",
+]
+ABI_FLOOR_SRCS = [
+    "cc/compat/abi_floor.cc",
+]

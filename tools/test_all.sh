@@ -27,7 +27,9 @@ section "TF 2.21: environment"
 py221=$(tools/setup_env.sh 2.21)
 section "TF 2.21: release wheel (sdist, then the wheel from it; installed into the venv)"
 wheel=$(FUSEDOPT_WERROR=1 tools/build_wheel.sh "$py221" "$root/build/dist" | tail -n 1)
-"$py221" -m pip uninstall -q -y fusedopt 2>/dev/null || true
+# Any fusedopt in the venv (a dev install, an earlier run's wheel) would shadow the wheel.
+"$py221" -m pip uninstall -q -y fusedopt $("$py221" -m pip list --format=freeze 2>/dev/null |
+  sed -n 's/^\(fusedopt[-_]tf[^=]*\)==.*/\1/p') 2>/dev/null || true
 section "TF 2.21: the wheel in a clean venv (tools/check_wheel.sh)"
 # Before the wheel goes into the TF 2.21 venv: the clean venv sees that venv's packages.
 tools/check_wheel.sh "$py221" "$wheel"

@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <exception>
+#include <new>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -202,13 +205,63 @@ py::array_t<float> WidenToFloat32(py::array_t<uint16_t, py::array::c_style> bits
   });
 }
 
-}  // namespace
-}  // namespace fusedopt::pycommon
+// Runs, in this library, each libstdc++ entry point cc/compat/abi_floor.cc stands in for
+// (the op library has the same definitions): a default-constructed stringstream, copies and
+// releases of an exception_ptr, new[] of an impossible count. What each did, for the test.
+py::dict AbiFloorSelfTest(int64_t copies, int64_t count) {
+  py::dict out;
+  std::stringstream text;  // the default constructor: read and write
+  text << "fusedopt " << 42;
+  std::string word;
+  int number = 0;
+  text >> word >> number;
+  out["stringstream"] = word + " " + std::to_string(number);
+  // An exception whose destruction is counted: it must outlive every reference and die
+  // with the last one.
+  struct Counted : std::runtime_error {
+    int* destroyed;
+    Counted(const char* what, int* counter) : std::runtime_error(what), destroyed(counter) {}
+    Counted(const Counted&) = default;
+    ~Counted() override { ++*destroyed; }
+  };
+  int destroyed = 0;
+  std::exception_ptr error;
+  try {
+    throw Counted("kept", &destroyed);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  {
+    std::vector<std::exception_ptr> held(static_cast<size_t>(copies), error);  // _M_addref
+  }  // _M_release, `copies` times
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::runtime_error& e) {
+    out["exception_ptr"] = std::string(e.what());
+  }
+  out["destroyed_while_held"] = destroyed;
+  error = nullptr;  // the last reference
+  out["destroyed_after_release"] = destroyed;
+  try {
+    // A count new[] cannot allocate: bad_array_new_length is a bad_alloc.
+    const volatile int64_t n = count;
+    auto* p = new double[n];
+    delete[] p;
+    out["new_array"] = "allocated";
+  } catch (const std::bad_alloc&) {
+    out["new_array"] = "bad_alloc";
+  }
+  return out;
+}
 
-PYBIND11_MODULE(_core, m) {
-  using namespace fusedopt;
-  using namespace fusedopt::pycommon;
+}  // namespace
+
+// The module's contents, defined where both fusedopt's and pycommon's names are in scope.
+void DefineCoreModule(py::module_& m) {
   DefineModuleBasics(m, "fusedopt's TensorFlow-free update kernels applied in place to NumPy arrays.");
+  m.def("abi_floor_self_test", &AbiFloorSelfTest, py::arg("copies"), py::arg("count"),
+        "For tests: a stringstream, `copies` copies of an exception_ptr and new[] of "
+        "`count` doubles, through the libstdc++ stand-ins of cc/compat/abi_floor.cc.");
   m.def("round_float32", &RoundFloat32, py::arg("x"), py::arg("dtype"),
         "float32 -> float16/bfloat16 bit patterns, rounded as the kernels store them.");
   m.def("widen_to_float32", &WidenToFloat32, py::arg("bits"), py::arg("dtype"),
@@ -283,3 +336,7 @@ PYBIND11_MODULE(_core, m) {
       "Sparse update of the rows named by indices (duplicates summed first), in place, on "
       "up to num_threads threads (at most 256).");
 }
+
+}  // namespace fusedopt::pycommon
+
+PYBIND11_MODULE(_core, m) { fusedopt::pycommon::DefineCoreModule(m); }

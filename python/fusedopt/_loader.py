@@ -162,12 +162,16 @@ def tensorflow_distribution(tf_version):
     return "tensorflow"
 
 
-def wheel_version(base_version, tf_version, distribution):
-    """The version of fusedopt's wheel for a TensorFlow: ``0.2.0+tf2.21`` pins `tensorflow`,
-    ``0.2.0+tf2.21.cpu`` pins `tensorflow-cpu` (tools/build_wheel.sh; see setup.py)."""
+def wheel_name(tf_version, distribution):
+    """The distribution name of fusedopt's wheel for a TensorFlow: ``fusedopt-tf2.21`` pins
+    `tensorflow`, ``fusedopt-tf2.21-cpu`` pins `tensorflow-cpu` (tools/build_wheel.sh).
+
+    One name per TensorFlow minor and distribution, each with fusedopt's own version: a
+    public index takes neither a local version label (``0.2.0+tf2.21``) nor two wheels of one
+    name and version that differ only in their pin, and ``pip install -U`` of such a name
+    upgrades fusedopt without ever moving TensorFlow to another minor."""
     major, minor = _major_minor(tf_version)
-    return f"{base_version}+tf{major}.{minor}" + (".cpu" if distribution == "tensorflow-cpu"
-                                                   else "")
+    return f"fusedopt-tf{major}.{minor}" + ("-cpu" if distribution == "tensorflow-cpu" else "")
 
 
 def tensorflow_requirement(tf_version, distribution):
@@ -178,11 +182,10 @@ def tensorflow_requirement(tf_version, distribution):
 
 def _wheel_hint(running):
     """'pip install fusedopt==<the wheel for the running TensorFlow>' (a line)."""
-    wheel = wheel_version(package_version.split("+")[0], running,
-                          tensorflow_distribution(running))
+    name = wheel_name(running, tensorflow_distribution(running))
     major_minor = ".".join(_major_minor(running))
     return (f"or install fusedopt's wheel for TensorFlow {major_minor}:\n"
-            f"    pip install fusedopt=={wheel}\n"
+            f"    pip install {name}=={package_version}\n"
             f"(tools/build_wheel.sh builds it in an environment with TensorFlow {major_minor})")
 
 

@@ -29,7 +29,8 @@ def read_sources():
 
 
 SOURCE_LISTS = ("CORE_HDRS", "GPU_HDRS", "GPU_CUDA_HDRS", "GPU_SRCS", "TF_HDRS", "TF_SRCS",
-                "XLA_HDRS", "XLA_SRCS", "PYBIND_HDRS", "PYBIND_SRCS", "PYBIND_CUDA_SRCS")
+                "XLA_HDRS", "XLA_SRCS", "PYBIND_HDRS", "PYBIND_SRCS", "PYBIND_CUDA_SRCS",
+                "ABI_FLOOR_HDRS", "ABI_FLOOR_SRCS")
 
 
 def test_every_cc_file_is_in_the_one_source_list():

@@ -6,6 +6,7 @@ run_demo.sh). The wheel itself is built, installed into a clean venv and tested 
 tools/build_wheel.sh + tools/check_wheel.sh, which CI runs (tools/test_all.sh)."""
 import json
 import os
+import pathlib
 import re
 import shutil
 import stat
@@ -146,43 +147,91 @@ def test_sdist_holds_everything_both_builds_and_the_tests_read(tmp_path):
 
 # --- wheels -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dist,version,requirement", [
-    ("tensorflow-cpu", "0.2.0+tf2.21.cpu", "tensorflow-cpu>=2.21.0,<2.22"),
-    ("tensorflow", "0.2.0+tf2.21", "tensorflow>=2.21.0,<2.22"),
+@pytest.mark.parametrize("dist,name,requirement", [
+    ("tensorflow-cpu", "fusedopt-tf2.21-cpu", "tensorflow-cpu>=2.21.0,<2.22"),
+    ("tensorflow", "fusedopt-tf2.21", "tensorflow>=2.21.0,<2.22"),
 ])
-def test_wheel_version_and_pin_follow_the_tensorflow_distribution(dist, version, requirement):
-    assert _loader.wheel_version("0.2.0", "2.21.3", dist) == version
+def test_wheel_name_and_pin_follow_the_tensorflow_distribution(dist, name, requirement):
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+
+    assert _loader.wheel_name("2.21.3", dist) == name
     assert _loader.tensorflow_requirement("2.21.3", dist) == requirement
     assert _loader.tensorflow_requirement("2.9.1", dist).endswith(">=2.9.0,<2.10")
+    # What a public index takes: a valid project name and fusedopt's own public version (no
+    # local label: PyPI refuses those).
+    assert canonicalize_name(name) == name.replace(".", "-")
+    assert not Version(fusedopt.__version__).local
 
 
 @pytest.mark.slow
-def test_setup_py_versions_and_pins_a_wheel_only_when_asked(tmp_path):
+def test_setup_py_pins_a_wheel_only_when_asked(tmp_path):
     import tensorflow as tf
 
     src = source_copy(tmp_path)
     # setup.py run as pip runs it (argv egg_info), setup() replaced by a print; then, in the
-    # same process, the wheel build's version and pin for the distribution here and for the
-    # other one (FUSEDOPT_TF_DIST).
+    # same process, the wheel build's pin for the distribution here and for the other one
+    # (FUSEDOPT_TF_DIST). The version is fusedopt's either way.
     code = textwrap.dedent("""
         import os, runpy, sys, setuptools
         setuptools.setup = lambda **kw: print(kw["version"], kw["install_requires"])
         sys.argv = ["setup.py", "egg_info"]
         setup = runpy.run_path("setup.py")
-        print(*setup["wheel_version_and_pin"]("0.2.0"))
+        os.environ["FUSEDOPT_WHEEL_FOR_TF"] = "1"
+        runpy.run_path("setup.py")
+        print(setup["wheel_pin"]())
         os.environ["FUSEDOPT_TF_DIST"] = "tensorflow"
-        print(*setup["wheel_version_and_pin"]("0.2.0"))
+        print(setup["wheel_pin"]())
     """)
     proc = run([sys.executable, "-c", code], cwd=src)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    plain, here, other = proc.stdout.splitlines()[-3:]
-    assert plain == f"{fusedopt.__version__} ['numpy']"  # pip install . / sdist: no label
+    plain, wheel, here, other = proc.stdout.splitlines()[-4:]
+    assert plain == f"{fusedopt.__version__} ['numpy']"  # pip install . / sdist: no pin
     dist = _loader.tensorflow_distribution(tf.__version__)
-    major_minor = ".".join(tf.__version__.split(".")[:2])
-    label = f"tf{major_minor}" + (".cpu" if dist == "tensorflow-cpu" else "")
-    assert here == f"0.2.0+{label} {_loader.tensorflow_requirement(tf.__version__, dist)}"
-    assert other == (f"0.2.0+tf{major_minor} "
-                     f"{_loader.tensorflow_requirement(tf.__version__, 'tensorflow')}")
+    assert here == _loader.tensorflow_requirement(tf.__version__, dist)
+    assert wheel == f"{fusedopt.__version__} ['numpy', '{here}']"
+    assert other == _loader.tensorflow_requirement(tf.__version__, "tensorflow")
+
+
+def wheel_identity():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "wheel_identity", os.path.join(ROOT, "tools", "wheel_identity.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_wheel_tag_is_the_newer_of_tensorflows_and_what_the_symbols_need():
+    tools = wheel_identity()
+    assert tools.glibc_of("manylinux_2_27_x86_64") == (2, 27)
+    assert tools.glibc_of("manylinux2014_x86_64") == (2, 17)  # PEP 600's legacy alias
+    assert tools.glibc_of("linux_x86_64") is None
+    # TF 2.15 (manylinux2014) under a g++ 12 build: the symbols' manylinux_2_27 wins.
+    assert tools.newer("manylinux_2_17_x86_64", "manylinux_2_27_x86_64") == "manylinux_2_27_x86_64"
+    # TF 2.21 (manylinux_2_27), symbols allowing older still: TensorFlow's.
+    assert tools.newer("manylinux_2_27_x86_64", "manylinux_2_17_x86_64") == "manylinux_2_27_x86_64"
+    assert tools.newer("manylinux_2_28_x86_64", "manylinux_2_27_x86_64") == "manylinux_2_28_x86_64"
+
+
+@pytest.mark.slow
+def test_wheel_identity_names_the_project_for_this_tensorflow(tmp_path):
+    import tensorflow as tf
+
+    pyproject = tmp_path / "pyproject.toml"
+    original = (pathlib.Path(ROOT) / "pyproject.toml").read_text()
+    pyproject.write_text(original)
+    proc = run([sys.executable, os.path.join(ROOT, "tools", "wheel_identity.py"), str(pyproject)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dist = _loader.tensorflow_distribution(tf.__version__)
+    name, plat = proc.stdout.split()
+    assert name == _loader.wheel_name(tf.__version__, dist)
+    assert plat.startswith("manylinux_2_") and plat.endswith("_x86_64"), plat  # TF's own tag
+    assert pyproject.read_text() == original.replace('name = "fusedopt"', f'name = "{name}"', 1)
+    # A pyproject.toml without the project line is refused, not half-renamed.
+    proc = run([sys.executable, os.path.join(ROOT, "tools", "wheel_identity.py"), str(pyproject)])
+    assert proc.returncode != 0 and "no line" in proc.stderr
 
 
 def test_running_tensorflow_distribution_is_found():
@@ -208,9 +257,8 @@ def test_wrong_version_import_error_names_the_wheel_to_install(tmp_path):
     proc = _run_with_library_built_for(
         tmp_path, "2.9.3", ["-c", "from fusedopt import ops; ops.load_library()"])
     assert proc.returncode == 1 and "ImportError" in proc.stderr
-    wheel = _loader.wheel_version(fusedopt.__version__, tf.__version__,
-                                  _loader.tensorflow_distribution(tf.__version__))
-    assert f"pip install fusedopt=={wheel}" in proc.stderr, proc.stderr
+    name = _loader.wheel_name(tf.__version__, _loader.tensorflow_distribution(tf.__version__))
+    assert f"pip install {name}=={fusedopt.__version__}" in proc.stderr, proc.stderr
     assert "tools/build_wheel.sh" in proc.stderr and _loader.REBUILD_COMMAND in proc.stderr
 
 
@@ -330,7 +378,7 @@ def test_test_all_skips_the_cuda_steps_without_nvcc(tmp_path, have_nvcc):
     py = tmp_path / "root" / "fakepython"
     script = _script_sandbox(tmp_path, "test_all.sh", {
         "install_system_deps.sh": "", "setup_env.sh": f"echo {py}",
-        "build_wheel.sh": "echo /tmp/fusedopt-0.2.0+tf2.21.cpu-cp311-cp311-linux_x86_64.whl",
+        "build_wheel.sh": "echo /tmp/fusedopt_tf2.21_cpu-0.2.0-cp311-cp311-manylinux_2_27_x86_64.whl",
         "check_wheel.sh": "", "gpu_check.sh": "", "sanitize.sh": "",
         "bazel_build.sh": "echo /tmp/bazel-pkg/fusedopt", "bazel_test.sh": "",
         "check_foreign_library.sh": ""})
