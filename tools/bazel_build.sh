@@ -5,7 +5,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bazel_common.sh"
 
-bazel build //... --repo_env=PYTHON_BIN_PATH="$PY" "${ARGS[@]}"
+"$BAZEL" build //... --repo_env=PYTHON_BIN_PATH="$PY" "${ARGS[@]}"
 
 # bazel-bin's files are read-only links into Bazel's cache: copy real, writable files.
 dest=build/bazel-pkg/fusedopt

@@ -4,4 +4,4 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bazel_common.sh"
 
-exec bazel test //... --repo_env=PYTHON_BIN_PATH="$PY" "${ARGS[@]}"
+exec "$BAZEL" test //... --repo_env=PYTHON_BIN_PATH="$PY" "${ARGS[@]}"

@@ -69,6 +69,39 @@ def test_no_build_isolation_in_a_bare_venv_names_every_prerequisite(bare_venv, t
     assert "Traceback" not in out
 
 
+def test_bazel_build_names_what_is_missing_before_bazel_starts(tmp_path):
+    """The Bazel path (tools/bazel_build.sh, bazel_test.sh) checks its prerequisites as
+    setup.py does: no Bazel, no compiler, no XLA header packages -> one line naming the
+    packages and the commands, exit 1, and Bazel never started (no bazel-* links made)."""
+    empty = tmp_path / "include"
+    empty.mkdir()
+    (tmp_path / "include-ok" / "highwayhash").mkdir(parents=True)
+    (tmp_path / "include-ok" / "highwayhash" / "arch_specific.h").write_text("")
+    log = tmp_path / "bazel.log"
+    fake_bazel = tmp_path / "bazel"
+    fake_bazel.write_text(f"#!/bin/sh\necho ran >> {log}\n")
+    fake_bazel.chmod(0o755)
+    for script in ("bazel_build.sh", "bazel_test.sh"):
+        env = dict(os.environ, BAZEL=str(tmp_path / "no-such-bazel"), CXX=str(tmp_path / "no-g++"),
+                   FUSEDOPT_SYSTEM_INCLUDE_DIRS=str(empty))
+        proc = run(["bash", os.path.join(ROOT, "tools", script), sys.executable], env=env)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 1 and len(lines) == 1, proc.stderr
+        assert lines[0].startswith("fusedopt's Bazel build cannot run here: Bazel is not on PATH")
+        assert "apt-get install bazel-bootstrap" in lines[0]
+        assert "no C++ compiler" in lines[0] and "apt-get install g++" in lines[0]
+        assert "apt-get install libhighwayhash-dev libfarmhash-dev" in lines[0]
+        # Bazel and a compiler there, one header package missing: only it is named, and
+        # Bazel does not start.
+        env.update(BAZEL=str(fake_bazel), CXX=shutil.which("g++") or "g++",
+                   FUSEDOPT_SYSTEM_INCLUDE_DIRS=str(tmp_path / "include-ok"))
+        proc = run(["bash", os.path.join(ROOT, "tools", script), sys.executable], env=env)
+        assert proc.returncode == 1, proc.stderr
+        assert "apt-get install libfarmhash-dev," in proc.stderr, proc.stderr
+        assert "Bazel is not on PATH" not in proc.stderr and "libhighwayhash-dev" not in proc.stderr
+        assert not log.exists()
+
+
 @pytest.mark.slow
 def test_missing_system_packages_are_named_before_anything_compiles(tmp_path):
     """Issue 34: a machine without the XLA kernels' header packages (the check pointed at an
