@@ -14,11 +14,13 @@ CORE_HDRS = [
     "cc/core/cpu_isa.h",
     "cc/core/coalesce.h",
     "cc/core/sum_order.h",
+    "cc/core/row_sum.h",
     "cc/core/validate.h",
     "cc/core/rules/lazy_adam.h",
     "cc/core/rules/adamax.h",
     "cc/core/rules/adagrad.h",
     "cc/core/rules/rms_prop.h",
+    "cc/core/rules/row_wise_adagrad.h",
     "cc/core/rules/all_rules.h",
 ]
 
@@ -58,6 +60,7 @@ TF_SRCS = [
     "cc/tf/adamax.cc",
     "cc/tf/adagrad.cc",
     "cc/tf/rms_prop.cc",
+    "cc/tf/row_wise_adagrad.cc",
     "cc/tf/runtime_info.cc",
     "cc/tf/variable_pack.cc",
 ]

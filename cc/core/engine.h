@@ -1,7 +1,7 @@
 // The generic CPU engine: applies any rule densely (element-wise over the whole
 // variable) or sparsely (row-wise over the rows named by indices, duplicates summed
-// first). Rules supply only the per-element math; this file owns traversal,
-// coalescing and threading. Callers validate shapes first (validate.h); the sparse
+// first). Rules supply only the per-element math (and, with per-row slots, the per-row
+// phase: rule.h); this file owns traversal, coalescing and threading. Callers validate shapes first (validate.h); the sparse
 // entry point validates indices itself before it writes anything.
 #ifndef FUSEDOPT_CC_CORE_ENGINE_H_
 #define FUSEDOPT_CC_CORE_ENGINE_H_
@@ -16,6 +16,7 @@
 #include "cc/core/cpu_isa.h"
 #include "cc/core/executor.h"
 #include "cc/core/huge_pages.h"
+#include "cc/core/row_sum.h"
 #include "cc/core/rule.h"
 #include "cc/core/sum_order.h"
 
@@ -35,7 +36,33 @@ ParamsFor<Rule, T> PrepareParams(const T* const* hyper, const bool* options) {
 
 namespace detail {
 
-// Updates n consecutive elements. G is the gradient's type: T straight from the
+// One row of a rule with a per-row phase: var and grad hold the row's n elements, a
+// per-element slots[k] the same, a per-row slots[k] the row's one value. The row phase
+// first (its sum in row_sum.h's order), then every element with the row's values.
+template <typename Rule, typename T, typename G>
+FO_ALWAYS_INLINE void UpdateRowLoop(const ParamsFor<Rule, T>& p, T* __restrict var,
+                                    T* const* slots, const G* __restrict grad, int64_t n) {
+  using C = ComputeType<T>;
+  constexpr int kSlots = NumSlots<Rule>();
+  C row_slots[kSlots];
+  for (int k = 0; k < kSlots; ++k) row_slots[k] = IsPerRowSlot<Rule>(k) ? Load(*slots[k]) : C(0);
+  const C row = Rule::UpdateRow(p, row_slots, RowSum<Rule, C>(grad, n), static_cast<C>(n));
+  for (int k = 0; k < kSlots; ++k) {
+    if (IsPerRowSlot<Rule>(k)) Store(*slots[k], row_slots[k]);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    C v = Load(var[i]);
+    C s[kSlots];
+    for (int k = 0; k < kSlots; ++k) s[k] = IsPerRowSlot<Rule>(k) ? row_slots[k] : Load(slots[k][i]);
+    Rule::Update(p, v, s, C(Load(grad[i])), row);
+    Store(var[i], v);
+    for (int k = 0; k < kSlots; ++k) {
+      if (!IsPerRowSlot<Rule>(k)) Store(slots[k][i], s[k]);
+    }
+  }
+}
+
+// Updates n consecutive elements; for a rule with a per-row phase, exactly one row. G is the gradient's type: T straight from the
 // caller's buffer, or ComputeType<T> for a duplicate-summed row. The slot-count
 // specialisations give the compiler restrict pointers so the loop vectorises.
 // Always inlined: it is compiled once per instruction set of UpdateSpan below.
@@ -44,7 +71,9 @@ FO_ALWAYS_INLINE void UpdateSpanLoop(const ParamsFor<Rule, T>& p, T* __restrict 
                                      T* const* slots, const G* __restrict grad, int64_t n) {
   using C = ComputeType<T>;
   constexpr int kSlots = NumSlots<Rule>();
-  if constexpr (kSlots == 1) {
+  if constexpr (HasRowPhase<Rule>()) {
+    UpdateRowLoop<Rule, T, G>(p, var, slots, grad, n);
+  } else if constexpr (kSlots == 1) {
     T* __restrict s0 = slots[0];
     for (int64_t i = 0; i < n; ++i) {
       C v = Load(var[i]);
@@ -105,13 +134,28 @@ void UpdateSpan(const ParamsFor<Rule, T>& p, T* var, T* const* slots, const G* g
 constexpr int64_t kPrefetchRows = 8;  // measured best of 2..32 at 16K rows of 64 floats
 constexpr int64_t kPrefetchBytes = 1024;  // of each row; the rest streams in
 
+// Where row `row` (of row_size elements) of each slot starts: its per-row value, or its
+// first element.
 template <typename Rule, typename T>
-inline void PrefetchRow(const T* var, T* const* slots, int64_t offset, int64_t row_bytes) {
+inline void SlotsAtRow(T* const* slots, int64_t row, int64_t row_size, T** out) {
+  for (int k = 0; k < NumSlots<Rule>(); ++k) {
+    out[k] = slots[k] + (IsPerRowSlot<Rule>(k) ? row : row * row_size);
+  }
+}
+
+template <typename Rule, typename T>
+inline void PrefetchRow(const T* var, T* const* slots, int64_t row, int64_t row_size) {
+  const int64_t row_bytes = row_size * static_cast<int64_t>(sizeof(T));
   const int64_t lines = row_bytes < kPrefetchBytes ? row_bytes : kPrefetchBytes;
+  T* at[NumSlots<Rule>() > 0 ? NumSlots<Rule>() : 1];
+  SlotsAtRow<Rule>(slots, row, row_size, at);
+  for (int k = 0; k < NumSlots<Rule>(); ++k) {
+    if (IsPerRowSlot<Rule>(k)) __builtin_prefetch(at[k], 1);
+  }
   for (int64_t b = 0; b < lines; b += 64) {
-    __builtin_prefetch(reinterpret_cast<const char*>(var + offset) + b, 1);
+    __builtin_prefetch(reinterpret_cast<const char*>(var + row * row_size) + b, 1);
     for (int k = 0; k < NumSlots<Rule>(); ++k) {
-      __builtin_prefetch(reinterpret_cast<const char*>(slots[k] + offset) + b, 1);
+      if (!IsPerRowSlot<Rule>(k)) __builtin_prefetch(reinterpret_cast<const char*>(at[k]) + b, 1);
     }
   }
 }
@@ -135,9 +179,12 @@ void SumRows(const T* grad, const int64_t* positions, int64_t count, int64_t row
 }
 
 template <typename Rule, typename T>
-void AdviseHugePagesFor(const T* var, T* const* slots, int64_t bytes) {
-  AdviseHugePages(var, bytes);
-  for (int k = 0; k < NumSlots<Rule>(); ++k) AdviseHugePages(slots[k], bytes);
+void AdviseHugePagesFor(const T* var, T* const* slots, int64_t num_rows, int64_t row_size) {
+  const int64_t row_bytes = static_cast<int64_t>(sizeof(T));
+  AdviseHugePages(var, num_rows * row_size * row_bytes);
+  for (int k = 0; k < NumSlots<Rule>(); ++k) {
+    AdviseHugePages(slots[k], num_rows * (IsPerRowSlot<Rule>(k) ? 1 : row_size) * row_bytes);
+  }
 }
 
 // Rough cycles per element of one update, for the executor's work splitting.
@@ -145,14 +192,24 @@ constexpr int64_t kCyclesPerElement = 12;
 
 }  // namespace detail
 
-// One dense tensor of a group: var, slots[k] and grad each hold n elements.
+// One dense tensor of a group: var and grad hold n elements in rows of row_size
+// (RowSizeOf); a per-element slots[k] n elements, a per-row one a value per row. Only
+// rules with a per-row phase read row_size.
 template <typename Rule, typename T>
 struct DenseTensor {
   T* var;
   std::array<T*, NumSlots<Rule>()> slots;
   const T* grad;
   int64_t n;
+  int64_t row_size = 1;
 };
+
+// Elements per row of a variable: dim 0 counts its rows (a scalar is one row of one
+// element). `num_elements` is the product of all its dims.
+inline int64_t RowSizeOf(int64_t rank, int64_t first_dim, int64_t num_elements) {
+  if (rank == 0) return 1;
+  return first_dim == 0 ? 0 : num_elements / first_dim;
+}
 
 // Updates every tensor of a group with the same params in one parallel pass over all
 // their elements: small tensors share the threads instead of each paying a dispatch.
@@ -160,15 +217,24 @@ struct DenseTensor {
 template <typename Rule, typename T>
 void ApplyDenseGroup(const ParamsFor<Rule, T>& p, const DenseTensor<Rule, T>* tensors,
                      int64_t count, Executor& executor) {
-  // Blocks are cache-line multiples so threads never share a line; a block never spans
-  // two tensors. first_block[t] is tensor t's first block in the group's numbering.
+  // Work is cut into blocks of units, elements (a block: a cache-line multiple, so threads
+  // never share a line) or, with a per-row phase, whole rows (about as many elements); a
+  // block never spans two tensors. first_block[t] is tensor t's first block in the
+  // group's numbering.
+  constexpr bool kRows = HasRowPhase<Rule>();
   constexpr int64_t kBlock = 1024;
+  auto units = [](const DenseTensor<Rule, T>& x) -> int64_t {
+    if (!kRows) return x.n;
+    return x.row_size == 0 ? 0 : x.n / x.row_size;
+  };
+  auto block_units = [](const DenseTensor<Rule, T>& x) -> int64_t {
+    return kRows ? std::max<int64_t>(1, kBlock / std::max<int64_t>(1, x.row_size)) : kBlock;
+  };
   std::vector<int64_t> first_block(count + 1, 0);
   for (int64_t t = 0; t < count; ++t) {
     const DenseTensor<Rule, T>& x = tensors[t];
-    AdviseHugePages(x.var, x.n * static_cast<int64_t>(sizeof(T)));
-    for (T* slot : x.slots) AdviseHugePages(slot, x.n * static_cast<int64_t>(sizeof(T)));
-    first_block[t + 1] = first_block[t] + (x.n + kBlock - 1) / kBlock;
+    detail::AdviseHugePagesFor<Rule>(x.var, x.slots.data(), units(x), kRows ? x.row_size : 1);
+    first_block[t + 1] = first_block[t] + (units(x) + block_units(x) - 1) / block_units(x);
   }
   executor.ParallelFor(first_block[count], kBlock * detail::kCyclesPerElement,
                        [&](int64_t first, int64_t last) {
@@ -178,26 +244,36 @@ void ApplyDenseGroup(const ParamsFor<Rule, T>& p, const DenseTensor<Rule, T>* te
       if (first_block[t + 1] <= b) continue;  // an empty tensor
       const DenseTensor<Rule, T>& x = tensors[t];
       const int64_t stop = std::min(last, first_block[t + 1]);
-      const int64_t begin = (b - first_block[t]) * kBlock;
-      const int64_t end = std::min(x.n, (stop - first_block[t]) * kBlock);
+      const int64_t begin = (b - first_block[t]) * block_units(x);
+      const int64_t end = std::min(units(x), (stop - first_block[t]) * block_units(x));
       std::array<T*, NumSlots<Rule>()> s;
-      for (int k = 0; k < NumSlots<Rule>(); ++k) s[k] = x.slots[k] + begin;
-      detail::UpdateSpan<Rule, T, T>(p, x.var + begin, s.data(), x.grad + begin, end - begin);
+      if constexpr (kRows) {
+        for (int64_t row = begin; row < end; ++row) {
+          detail::SlotsAtRow<Rule>(x.slots.data(), row, x.row_size, s.data());
+          detail::UpdateSpan<Rule, T, T>(p, x.var + row * x.row_size, s.data(),
+                                         x.grad + row * x.row_size, x.row_size);
+        }
+      } else {
+        for (int k = 0; k < NumSlots<Rule>(); ++k) s[k] = x.slots[k] + begin;
+        detail::UpdateSpan<Rule, T, T>(p, x.var + begin, s.data(), x.grad + begin, end - begin);
+      }
       b = stop;
     }
   });
 }
 
-// var, slots[k] and grad each hold n elements.
+// var and grad hold n elements in rows of row_size (RowSizeOf); slots[k] n elements, or
+// per row one.
 template <typename Rule, typename T>
 void ApplyDense(const ParamsFor<Rule, T>& p, T* var, T* const* slots, const T* grad, int64_t n,
-                Executor& executor) {
-  DenseTensor<Rule, T> tensor{var, {}, grad, n};
+                int64_t row_size, Executor& executor) {
+  DenseTensor<Rule, T> tensor{var, {}, grad, n, row_size};
   for (int k = 0; k < NumSlots<Rule>(); ++k) tensor.slots[k] = slots[k];
   ApplyDenseGroup<Rule, T>(p, &tensor, 1, executor);
 }
 
-// var and slots are [num_rows, row_size]; grad is [n, row_size]; indices [n].
+// var and per-element slots are [num_rows, row_size], per-row slots [num_rows]; grad is
+// [n, row_size]; indices [n].
 // Returns "" on success, else an error message, in which case nothing was written.
 template <typename Rule, typename T, typename Index>
 std::string ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, int64_t num_rows,
@@ -215,23 +291,20 @@ std::string ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, in
     return error;
   }
   const RowGroups& groups = *grouped;
-  detail::AdviseHugePagesFor<Rule>(var, slots,
-                                   num_rows * row_size * static_cast<int64_t>(sizeof(T)));
+  detail::AdviseHugePagesFor<Rule>(var, slots, num_rows, row_size);
   const int64_t cost = row_size * detail::kCyclesPerElement * n / groups.size();
-  const int64_t row_bytes = row_size * static_cast<int64_t>(sizeof(T));
   executor.ParallelFor(groups.size(), cost, [&](int64_t first, int64_t last) {
     std::vector<C> summed, partial;  // per block, reused across its rows
     std::array<T*, NumSlots<Rule>()> s;
     for (int64_t g = first; g < std::min(last, first + detail::kPrefetchRows); ++g) {
-      detail::PrefetchRow<Rule>(var, slots, groups.rows[g] * row_size, row_bytes);
+      detail::PrefetchRow<Rule>(var, slots, groups.rows[g], row_size);
     }
     for (int64_t g = first; g < last; ++g) {
       if (g + detail::kPrefetchRows < last) {
-        detail::PrefetchRow<Rule>(var, slots, groups.rows[g + detail::kPrefetchRows] * row_size,
-                                  row_bytes);
+        detail::PrefetchRow<Rule>(var, slots, groups.rows[g + detail::kPrefetchRows], row_size);
       }
       const int64_t offset = groups.rows[g] * row_size;
-      for (int k = 0; k < NumSlots<Rule>(); ++k) s[k] = slots[k] + offset;
+      detail::SlotsAtRow<Rule>(slots, groups.rows[g], row_size, s.data());
       const int64_t begin = groups.offsets[g], end = groups.offsets[g + 1];
       if (end - begin == 1) {
         const int64_t position = groups.all_unique() ? begin : groups.positions[begin];

@@ -5,13 +5,25 @@
 //   kOpName     "LazyAdam"   -> ops FusedOpt>{,Resource}{,Sparse}ApplyLazyAdam
 //   kPyName     "lazy_adam"  -> Python-side name (fusedopt.ops.resource_apply_lazy_adam,
 //                               python/fusedopt/rules/lazy_adam.py)
-//   kSlots      slot names, in op-input order (after var)
+//   kSlots      slots in op-input order (after var): name and layout, PerElement("m")
+//               (var's shape) or PerRow("accum") (one value per row of var: shape
+//               var.shape[:1], [] for a scalar var)
 //   kHyper      scalar hyper-parameter names, in op-input order (after the slots)
 //   kOptions    boolean attributes with defaults
 //   Params<C>   what Prepare() precomputes once per call from the hyper-parameters
 //   Update()    the per-element math, host and device, on compute type C.
 // The sparse engine applies Update() to every element of each touched row with the
 // duplicate-summed gradient, so a rule never sees indices.
+//
+// A rule with a per-row slot also has a per-row phase, run once per row before the
+// row's element updates:
+//   RowTerm(g)                         what each element adds to the row's sum (g*g);
+//                                      summed in the order of row_sum.h
+//   UpdateRow(p, slot, row_sum, D)     updates the per-row slots in slot[] from the sum
+//                                      over the row's D elements; returns one value,
+//   Update(p, var, slot, g, row)       which every element update of the row receives.
+// In UpdateRow only the per-row entries of slot[] are loaded; in Update the per-row
+// entries hold the row's new values (read-only: the engines store them once per row).
 #ifndef FUSEDOPT_CC_CORE_RULE_H_
 #define FUSEDOPT_CC_CORE_RULE_H_
 
@@ -25,6 +37,18 @@ struct RuleOption {
   const char* name;
   bool default_value;
 };
+
+enum class SlotLayout { kPerElement, kPerRow };
+
+struct SlotDecl {
+  const char* name;
+  SlotLayout layout;
+  // A slot reads as its name wherever names are listed (messages, op inputs).
+  constexpr operator const char*() const { return name; }
+};
+
+constexpr SlotDecl PerElement(const char* name) { return {name, SlotLayout::kPerElement}; }
+constexpr SlotDecl PerRow(const char* name) { return {name, SlotLayout::kPerRow}; }
 
 // Position of `name` in a rule's list of names, for use in constant expressions:
 //   constexpr int lr = Index(kHyper, "lr");     // h[lr] rather than h[2]
@@ -47,10 +71,11 @@ constexpr int Index(const std::array<const char*, N>& names, const char* name) {
   return NameNotInList();
 }
 
-template <size_t N>
-constexpr int Index(const std::array<RuleOption, N>& options, const char* name) {
+// The same for options and slots: anything with a `name`.
+template <typename Named, size_t N>
+constexpr int Index(const std::array<Named, N>& list, const char* name) {
   for (size_t i = 0; i < N; ++i) {
-    if (SameName(options[i].name, name)) return static_cast<int>(i);
+    if (SameName(list[i].name, name)) return static_cast<int>(i);
   }
   return NameNotInList();
 }
@@ -66,6 +91,20 @@ constexpr int NumHyper() {
 template <typename Rule>
 constexpr int NumOptions() {
   return static_cast<int>(Rule::kOptions.size());
+}
+
+template <typename Rule>
+constexpr bool IsPerRowSlot(int k) {
+  return Rule::kSlots[k].layout == SlotLayout::kPerRow;
+}
+
+// Whether the rule has per-row slots, hence a per-row phase (UpdateRow).
+template <typename Rule>
+constexpr bool HasRowPhase() {
+  for (int k = 0; k < NumSlots<Rule>(); ++k) {
+    if (IsPerRowSlot<Rule>(k)) return true;
+  }
+  return false;
 }
 
 }  // namespace fusedopt

@@ -27,12 +27,26 @@ inline std::string ShapeString(const Shape& s) {
   return out + "]";
 }
 
+// The shape a slot of `layout` has beside a variable of shape `var`: var's, or one value
+// per row, var.shape[:1] ([] for a scalar var: one row).
+inline Shape SlotShape(SlotLayout layout, const Shape& var) {
+  if (layout == SlotLayout::kPerElement || var.empty()) return var;
+  return Shape{var[0]};
+}
+
 // Checks the slots against var and the hyper-parameters for scalars. Returns "" when
 // fine, else the message. `slots` has NumSlots<Rule>() shapes, `hyper` NumHyper<Rule>().
 template <typename Rule>
 std::string ValidateStateAndHyper(const Shape& var, const Shape* slots, const Shape* hyper) {
   for (int i = 0; i < NumSlots<Rule>(); ++i) {
-    if (slots[i] != var) {
+    if (IsPerRowSlot<Rule>(i)) {
+      const Shape want = SlotShape(SlotLayout::kPerRow, var);
+      if (slots[i] != want) {
+        return std::string(Rule::kSlots[i]) + " holds one value per row of var: shape " +
+               (var.empty() ? std::string("[] for a scalar var") : "var.shape[:1] = " + ShapeString(want)) +
+               ", got " + ShapeString(slots[i]) + " (var " + ShapeString(var) + ")";
+      }
+    } else if (slots[i] != var) {
       return std::string(Rule::kSlots[i]) + " must have the same shape as var: " +
              ShapeString(var) + " vs " + ShapeString(slots[i]);
     }

@@ -116,13 +116,17 @@ inline py::dict Rules() {
   AllRules::ForEach([&](auto rule_tag) {
     using Rule = decltype(rule_tag);
     py::list slots, hyper;
-    py::dict options;
-    for (const char* s : Rule::kSlots) slots.append(s);
+    py::dict options, layouts;
+    for (const SlotDecl& s : Rule::kSlots) {
+      slots.append(s.name);
+      layouts[s.name] = s.layout == SlotLayout::kPerRow ? "per_row" : "per_element";
+    }
     for (const char* h : Rule::kHyper) hyper.append(h);
     for (const RuleOption& o : Rule::kOptions) options[o.name] = o.default_value;
     py::dict entry;
     entry["op_name"] = Rule::kOpName;
     entry["slots"] = slots;
+    entry["slot_layouts"] = layouts;
     entry["hyper"] = hyper;
     entry["options"] = options;
     out[Rule::kPyName] = entry;

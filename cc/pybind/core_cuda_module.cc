@@ -93,12 +93,15 @@ void ApplyDensePy(const std::string& rule, const py::handle& var, const py::list
     if (state.var.size == 0) return;
     auto slot_ptrs = SlotPointers<T, NumSlots<Rule>()>(state);
     DeviceScope scope(state.var.data);
+    const Shape& shape = state.var.shape;
+    const int64_t row_size =
+        RowSizeOf(static_cast<int64_t>(shape.size()), shape.empty() ? 1 : shape[0], state.var.size);
     gpu::Status status;
     {
       py::gil_scoped_release release;
       status = gpu::ApplyDense<Rule, T>(params, static_cast<T*>(state.var.data), slot_ptrs.data(),
                                         static_cast<const T*>(state.grad.data), state.var.size,
-                                        reinterpret_cast<gpu::Stream>(stream));
+                                        row_size, reinterpret_cast<gpu::Stream>(stream));
     }
     Check(status);
   });
@@ -198,6 +201,9 @@ void ApplyDenseGroupPy(const std::string& rule, const py::sequence& vars,
       for (int k = 0; k < kSlots; ++k) tensors[i].slots[k] = static_cast<T*>(states[i].slots[k].data);
       tensors[i].grad = static_cast<const T*>(states[i].grad.data);
       tensors[i].n = states[i].var.size;
+      const Shape& shape = states[i].var.shape;
+      tensors[i].row_size = RowSizeOf(static_cast<int64_t>(shape.size()),
+                                      shape.empty() ? 1 : shape[0], states[i].var.size);
     }
     gpu::Status status;
     {

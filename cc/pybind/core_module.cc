@@ -74,7 +74,7 @@ State CheckState(const py::array& var, const py::sequence& slots, const py::arra
   State state{var, {}};
   std::vector<Shape> slot_shapes;
   for (int k = 0; k < kSlots; ++k) {
-    state.slots.push_back(InPlaceArray(slots[k], Rule::kSlots[k]));
+    state.slots.push_back(InPlaceArray(slots[k], Rule::kSlots[k].name));
     slot_shapes.push_back(ShapeOf(state.slots.back()));
   }
   std::vector<py::array> all = state.slots;
@@ -91,10 +91,10 @@ State CheckState(const py::array& var, const py::sequence& slots, const py::arra
   }
   // Written: var and slots; read while they are written: grad (and indices).
   std::vector<Span> written = {SpanOf("var", var)}, read = {SpanOf("grad", grad)};
-  for (int k = 0; k < kSlots; ++k) written.push_back(SpanOf(Rule::kSlots[k], state.slots[k]));
+  for (int k = 0; k < kSlots; ++k) written.push_back(SpanOf(Rule::kSlots[k].name, state.slots[k]));
   if (indices != nullptr) read.push_back(SpanOf("indices", *indices));
   RequireAligned("var", var);
-  for (int k = 0; k < kSlots; ++k) RequireAligned(Rule::kSlots[k], state.slots[k]);
+  for (int k = 0; k < kSlots; ++k) RequireAligned(Rule::kSlots[k].name, state.slots[k]);
   RequireAligned("grad", grad);
   if (indices != nullptr) RequireAligned("indices", *indices);
   for (size_t i = 0; i < written.size(); ++i) {
@@ -135,9 +135,11 @@ void Dense(const py::array& var, const py::sequence& slots, const py::array& gra
   T* var_ptr = static_cast<T*>(state.var.mutable_data());
   const T* grad_ptr = static_cast<const T*>(grad.data());
   const int64_t n = state.var.size();
+  const int64_t row_size =
+      RowSizeOf(state.var.ndim(), state.var.ndim() == 0 ? 1 : state.var.shape(0), n);
   py::gil_scoped_release release;
   ThreadExecutor executor(num_threads);
-  ApplyDense<Rule, T>(params, var_ptr, slot_ptrs.data(), grad_ptr, n, executor);
+  ApplyDense<Rule, T>(params, var_ptr, slot_ptrs.data(), grad_ptr, n, row_size, executor);
 }
 
 template <typename Rule, typename T, typename Index>

@@ -123,8 +123,11 @@ class FusedApply {
                               DataOf<Index>(indices), indices.NumElements(), check)));
       if (num_rows_out != nullptr) *num_rows_out = num_rows;
     } else {
-      OP_REQUIRES_OK(ctx, (Engine::template Dense<Rule, Storage>(
-                              ctx, params, var, slots.data(), grad_data, state[0].NumElements())));
+      const int64_t n = state[0].NumElements();
+      const int64_t row_size =
+          RowSizeOf(state[0].dims(), state[0].dims() == 0 ? 1 : state[0].dim_size(0), n);
+      OP_REQUIRES_OK(ctx, (Engine::template Dense<Rule, Storage>(ctx, params, var, slots.data(),
+                                                                 grad_data, n, row_size)));
     }
     // Local equivalent of MaybeForwardRefInputToRefOutput (not exported on TF 2.15).
     if (!IsResource(kVariant)) ctx->forward_ref_input_to_ref_output(0, 0);

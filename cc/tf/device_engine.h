@@ -36,9 +36,10 @@ struct DeviceEngine<CPUDevice> {
   template <typename Rule, typename Storage>
   static absl::Status Dense(::tensorflow::OpKernelContext* ctx,
                             const ParamsFor<Rule, Storage>& params,
-                            Storage* var, Storage* const* slots, const Storage* grad, int64_t n) {
+                            Storage* var, Storage* const* slots, const Storage* grad, int64_t n,
+                            int64_t row_size) {
     TfCpuExecutor executor(ctx);
-    ApplyDense<Rule, Storage>(params, var, slots, grad, n, executor);
+    ApplyDense<Rule, Storage>(params, var, slots, grad, n, row_size, executor);
     return absl::OkStatus();
   }
 

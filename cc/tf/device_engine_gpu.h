@@ -26,8 +26,10 @@ struct DeviceEngine<GpuDeviceTag> {
   template <typename Rule, typename Storage>
   static absl::Status Dense(::tensorflow::OpKernelContext* ctx,
                             const ParamsFor<Rule, Storage>& params, Storage* var,
-                            Storage* const* slots, const Storage* grad, int64_t n) {
-    return ToAbsl(gpu::ApplyDense<Rule, Storage>(params, var, slots, grad, n, GpuStreamOf(ctx)));
+                            Storage* const* slots, const Storage* grad, int64_t n,
+                            int64_t row_size) {
+    return ToAbsl(gpu::ApplyDense<Rule, Storage>(params, var, slots, grad, n, row_size,
+                                                 GpuStreamOf(ctx)));
   }
 
   // The index check runs on the device; the update kernels write nothing after a bad

@@ -167,6 +167,7 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
       for (int k = 0; k < kSlots; ++k) x.slots[k] = state[(k + 1) * n_ + v];
       x.grad = DataOf<Storage>(grad);
       x.n = grad.NumElements();  // the variable's: validated above
+      x.row_size = RowSizeOf(grad.dims(), grad.dims() == 0 ? 1 : grad.dim_size(0), x.n);
     }
     OP_REQUIRES_OK(ctx, (Engine::template DenseGroup<Rule, Storage>(ctx, params,
                                                                     tensors.data(), n_)));

@@ -63,6 +63,19 @@ inline bool KnownShape(InferenceContext* c, ShapeHandle h, Shape* out) {
   return true;
 }
 
+// "" when per-row slot k's (partly known) shape can be var's rows (var.shape[:1], [] for
+// a scalar var), else the kernels' message with the shapes as far as they are known.
+template <typename Rule>
+std::string CheckRowSlot(InferenceContext* c, int k, ShapeHandle var, ShapeHandle slot) {
+  if (!c->RankKnown(var)) return "";
+  const ShapeHandle rows = c->Rank(var) == 0 ? c->Scalar() : c->Vector(c->Dim(var, 0));
+  ShapeHandle unused;
+  if (c->Merge(rows, slot, &unused).ok()) return "";
+  return std::string(Rule::kSlots[k]) + " holds one value per row of var: shape " +
+         c->DebugString(rows) + ", got " + c->DebugString(slot) + " (var " + c->DebugString(var) +
+         ")";
+}
+
 template <typename Rule>
 absl::Status InferShapes(InferenceContext* c, bool sparse, bool ref_output) {
   constexpr int kSlots = NumSlots<Rule>(), kHyper = NumHyper<Rule>();
@@ -90,12 +103,18 @@ absl::Status InferShapes(InferenceContext* c, bool sparse, bool ref_output) {
   const auto text = [c](ShapeHandle h) { return c->DebugString(h); };
   ShapeHandle var = handles[0], merged;
   for (int i = 1; i <= kSlots; ++i) {
+    if (IsPerRowSlot<Rule>(i - 1)) continue;  // below, against var's rows
     if (!c->Merge(var, handles[i], &merged).ok()) {
       return absl::InvalidArgumentError(std::string(Rule::kSlots[i - 1]) +
                                         " must have the same shape as var: " + text(var) +
                                         " vs " + text(handles[i]));
     }
     var = merged;
+  }
+  for (int i = 1; i <= kSlots; ++i) {
+    if (!IsPerRowSlot<Rule>(i - 1)) continue;
+    const std::string error = CheckRowSlot<Rule>(c, i - 1, var, handles[i]);
+    if (!error.empty()) return absl::InvalidArgumentError(error);
   }
   ShapeHandle unused;
   for (int i = 0; i < kHyper; ++i) {
@@ -213,6 +232,7 @@ absl::Status InferGroupShapes(InferenceContext* c) {
     ShapeHandle var = VariableShape(c, v), merged;
     for (int k = 0; k <= kSlots; ++k) {
       const bool grad = k == kSlots;
+      if (!grad && IsPerRowSlot<Rule>(k)) continue;  // below, against var's rows
       const ShapeHandle other = grad ? c->input(first_grad + v) : VariableShape(c, (k + 1) * n + v);
       if (c->Merge(var, other, &merged).ok()) {
         var = merged;
@@ -222,6 +242,11 @@ absl::Status InferGroupShapes(InferenceContext* c) {
       return absl::InvalidArgumentError(GroupMemberError(
           v, n, what + " must have the same shape as var: " + c->DebugString(var) + " vs " +
                     c->DebugString(other)));
+    }
+    for (int k = 0; k < kSlots; ++k) {
+      if (!IsPerRowSlot<Rule>(k)) continue;
+      const std::string error = CheckRowSlot<Rule>(c, k, var, VariableShape(c, (k + 1) * n + v));
+      if (!error.empty()) return absl::InvalidArgumentError(GroupMemberError(v, n, error));
     }
   }
   return absl::OkStatus();

@@ -133,14 +133,14 @@ struct FfiCall {
     }
     const T* grad_data = static_cast<const T*>(grad->untyped_data());
     FfiExecutor executor(pool);
+    const int64_t row_size = num_rows == 0 ? 0 : elements / num_rows;
     if constexpr (!kSparse) {
-      ApplyDense<Rule, T>(params, state[0], &state[1], grad_data, elements, executor);
+      ApplyDense<Rule, T>(params, state[0], &state[1], grad_data, elements, row_size, executor);
       return ffi::Error::Success();
     } else {
       auto indices = args.get<ffi::AnyBuffer>(2 + kSlots + kHyper);
       if (!indices.has_value()) return indices.error();
       const int64_t n = static_cast<int64_t>(indices->element_count());
-      const int64_t row_size = num_rows == 0 ? 0 : elements / num_rows;
       std::string error;
       if (indices->element_type() == ffi::DataType::S32) {
         error = ApplySparse<Rule, T, int32_t>(params, state[0], &state[1], num_rows, row_size,
@@ -184,6 +184,7 @@ struct FfiGroupCall {
       if (j < n) {
         x.var = static_cast<T*>(data);
         x.n = count;
+        x.row_size = rows == 0 ? 0 : count / rows;
       } else {
         x.slots[j / n - 1] = static_cast<T*>(data);
       }

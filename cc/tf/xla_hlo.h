@@ -68,6 +68,25 @@ inline xla::XlaOp ChunkLength(xla::XlaOp count, int64_t n, xla::XlaBuilder* b) {
                      xla::Broadcast(c(kSerialSumLength), {n}), root);
 }
 
+// The row sums of term ([rows, row_size], compute type) in row_sum.h's order: 32 lanes
+// summed block by block left to right (the last block padded with +0), then folded in
+// halves. A fixed sequence of slices and adds, never a Reduce (whose order XLA leaves open).
+inline xla::XlaOp RowSumHlo(xla::XlaOp term, int64_t rows, int64_t row_size,
+                            xla::PrimitiveType compute, xla::XlaBuilder* b) {
+  const int64_t lanes = kRowSumLanes, blocks = (row_size + lanes - 1) / lanes;
+  xla::PaddingConfig padding = xla::MakeNoPaddingConfig(2);
+  padding.mutable_dimensions(1)->set_edge_padding_high(blocks * lanes - row_size);
+  const xla::XlaOp x = xla::Reshape(
+      xla::Pad(term, xla::ConstantR0WithType(b, compute, 0.0), padding), {rows, blocks, lanes});
+  auto block = [&](int64_t j) { return xla::Reshape(xla::SliceInDim(x, j, j + 1, 1, 1), {rows, lanes}); };
+  xla::XlaOp sum = block(0);
+  for (int64_t j = 1; j < blocks; ++j) sum = xla::Add(sum, block(j));
+  for (int64_t w = lanes / 2; w > 0; w /= 2) {
+    sum = xla::Add(xla::SliceInDim(sum, 0, w, 1, 1), xla::SliceInDim(sum, w, 2 * w, 1, 1));
+  }
+  return xla::Reshape(sum, {rows});
+}
+
 template <typename Rule>
 struct HloState {
   xla::XlaOp var;
@@ -85,7 +104,10 @@ typename Rule::template Params<XlaValue> HloParams(tfw::XlaOpKernelContext* ctx,
   return Rule::template Prepare<XlaValue>(hyper.data(), options);
 }
 
-// Update() over whole arrays (already in the compute type), results in `storage`.
+// Update() over whole arrays (already in the compute type), results in `storage`. var and
+// grad are [rows, ...] (or a scalar: one row), per-element slots the same, per-row slots
+// [rows] ([]); with a per-row phase, UpdateRow() on the row sums first, its results
+// broadcast along the rows.
 template <typename Rule>
 HloState<Rule> HloUpdate(const typename Rule::template Params<XlaValue>& params, xla::XlaOp var,
                          const std::array<xla::XlaOp, NumSlots<Rule>()>& slots, xla::XlaOp grad,
@@ -93,7 +115,45 @@ HloState<Rule> HloUpdate(const typename Rule::template Params<XlaValue>& params,
   XlaValue v = var;
   XlaValue s[NumSlots<Rule>()];
   for (int k = 0; k < NumSlots<Rule>(); ++k) s[k] = slots[k];
-  Rule::Update(params, v, s, XlaValue(grad));
+  if constexpr (HasRowPhase<Rule>()) {
+    xla::XlaBuilder* b = var.builder();
+    const auto shape = b->GetShape(var);
+    if (!shape.ok()) {
+      b->ReportError(shape.status());
+      return {};
+    }
+    const std::vector<int64_t> dims(shape->dimensions().begin(), shape->dimensions().end());
+    const int64_t rows = dims.empty() ? 1 : dims[0];
+    int64_t row_size = 1;
+    for (size_t d = 1; d < dims.size(); ++d) row_size *= dims[d];
+    const xla::PrimitiveType compute = shape->element_type();
+    XlaValue row_slots[NumSlots<Rule>()];
+    for (int k = 0; k < NumSlots<Rule>(); ++k) {
+      if (IsPerRowSlot<Rule>(k)) row_slots[k] = xla::Reshape(slots[k], {rows});
+    }
+    XlaValue row;
+    if (rows * row_size > 0) {  // rows of no elements: nothing to update (as on the CPU)
+      const xla::XlaOp term = xla::Reshape(Rule::RowTerm(XlaValue(grad)).op(), {rows, row_size});
+      row = Rule::UpdateRow(params, row_slots, XlaValue(RowSumHlo(term, rows, row_size, compute, b)),
+                            XlaValue(static_cast<double>(row_size)));
+    } else {
+      row = xla::Broadcast(xla::ConstantR0WithType(b, compute, 0.0), {rows});
+    }
+    const std::vector<int64_t> slot_dims = dims.empty() ? std::vector<int64_t>{}
+                                                        : std::vector<int64_t>{rows};
+    auto along_rows = [&](xla::XlaOp r) {
+      return dims.empty() ? xla::Reshape(r, {}) : xla::BroadcastInDim(r, dims, {0});
+    };
+    for (int k = 0; k < NumSlots<Rule>(); ++k) {
+      if (IsPerRowSlot<Rule>(k)) s[k] = along_rows(row_slots[k].op());
+    }
+    Rule::Update(params, v, s, XlaValue(grad), XlaValue(along_rows(row.op())));
+    for (int k = 0; k < NumSlots<Rule>(); ++k) {
+      if (IsPerRowSlot<Rule>(k)) s[k] = xla::Reshape(row_slots[k].op(), slot_dims);
+    }
+  } else {
+    Rule::Update(params, v, s, XlaValue(grad));
+  }
   HloState<Rule> out;
   out.var = xla::ConvertElementType(v.op(), storage);
   for (int k = 0; k < NumSlots<Rule>(); ++k) out.slots[k] = xla::ConvertElementType(s[k].op(), storage);

@@ -162,7 +162,8 @@ class FusedApplyXlaOp : public tfw::XlaOpKernel {
     const xla::XlaComputation replace = ReplaceComputation(b, storage);
     (*updated)[0] = ScatterRows(state[0], write_row, out.var, replace, n, rank);
     for (int k = 0; k < kSlots; ++k) {
-      (*updated)[k + 1] = ScatterRows(state[k + 1], write_row, out.slots[k], replace, n, rank);
+      (*updated)[k + 1] = ScatterRows(state[k + 1], write_row, out.slots[k], replace, n,
+                                      IsPerRowSlot<Rule>(k) ? 1 : rank);
     }
     return true;
   }

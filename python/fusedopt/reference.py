@@ -194,8 +194,12 @@ def masked_sparse_update(rule, var, slots, grad, indices, **hyper_and_options):
     touched = tf.math.unsorted_segment_sum(tf.ones_like(indices, tf.float32), indices,
                                            rows) > 0
     touched = tf.logical_and(touched, all_valid)  # XLA: a bad index writes nothing
-    touched = tf.reshape(touched, tf.concat([[rows], tf.ones([tf.rank(var) - 1], tf.int32)], 0))
+
+    def keep_untouched(before, after):  # touched: [rows], along the rows of `before`
+        mask = tf.reshape(touched, tf.concat([[rows], tf.ones([tf.rank(before) - 1], tf.int32)], 0))
+        return tf.where(mask, after, before)
+
     slots = [tf.convert_to_tensor(s) for s in slots]
     new_var, new_slots = _call_rule(rule, var, slots, summed, hyper_and_options)
-    return (tf.where(touched, new_var, var),
-            [tf.where(touched, after, before) for before, after in zip(slots, new_slots)])
+    return (keep_untouched(var, new_var),
+            [keep_untouched(before, after) for before, after in zip(slots, new_slots)])

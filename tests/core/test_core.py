@@ -25,7 +25,8 @@ _ids = harness.param_ids
 def test_rules():
     # The spec'd keys must match; extra keys (e.g. the TF op name) are allowed.
     rules = _core.rules()
-    assert {r: {k: d[k] for k in ("slots", "hyper", "options")} for r, d in rules.items()} \
+    assert {r: {k: d[k] for k in ("slots", "hyper", "options", "slot_layouts")}
+            for r, d in rules.items()} \
         == RULES
 
 

@@ -24,7 +24,7 @@ def update_fn(rule, options):
 
 
 def test_rules_table_matches_spec():
-    assert {rule: {k: spec[k] for k in ("slots", "hyper", "options")}
+    assert {rule: {k: spec[k] for k in ("slots", "hyper", "options", "slot_layouts")}
             for rule, spec in reference.RULES.items()} == npref.RULES
 
 

@@ -261,9 +261,10 @@ class NumbersTest(tf.test.TestCase, parameterized.TestCase):
         prev = {}
         for i, v in enumerate(var0s):
             prev["var%d" % i] = v
-            for slot, initial in spec.slots:
+            for (slot, initial), name in zip(spec.slots, npref.RULES[rule]["slots"]):
                 value = args[initial] if isinstance(initial, str) else (initial or 0)
-                prev["var%d/%s" % (i, slot)] = np.full(SHAPE, value, dt)
+                prev["var%d/%s" % (i, slot)] = np.full(npref.slot_shape(rule, name, SHAPE),
+                                                       value, dt)
         for power, base in spec.powers:
             prev[power] = np.float32(args[base])
         for t, (grads, got) in enumerate(zip(steps, states), start=1):

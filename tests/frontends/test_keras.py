@@ -19,17 +19,22 @@ import fusedopt.keras as fk
 from fusedopt import ops, rules
 from fusedopt.rules._front import LearningRate, Power
 
-# rule -> its KERAS spec, and (fusedopt class, the Keras class it replaces), for every rule.
+# rule -> its KERAS spec and fusedopt class, for every rule; (fusedopt class, the Keras class
+# it replaces) for the rules Keras has (NEW: fusedopt's own classes, tests at the end).
 SPECS = dict(rules.front_end_specs("KERAS"))
-PAIRS = {rule: (getattr(fk, spec.name), getattr(keras.optimizers, spec.base))
-         for rule, spec in SPECS.items()}
+CLASSES = {rule: getattr(fk, spec.name) for rule, spec in SPECS.items()}
+PAIRS = {rule: (CLASSES[rule], getattr(keras.optimizers, spec.base))
+         for rule, spec in SPECS.items() if spec.base is not None}
+NEW = sorted(set(CLASSES) - set(PAIRS))
 SLOT_ATTRS = {rule: spec.slots for rule, spec in SPECS.items()}
 
 
 def make(rule, which=0, **kwargs):
-    """PAIRS[rule][which](**kwargs), with the arguments that make the rule's fused update
-    run (e.g. RMSprop's momentum > 0) from its oracle's KERAS_KWARGS."""
-    return PAIRS[rule][which](**{**npref.ORACLES[rule].KERAS_KWARGS, **kwargs})
+    """PAIRS[rule][which](**kwargs) (0: fusedopt's class, any rule), with the arguments that
+    make the rule's fused update run (e.g. RMSprop's momentum > 0) from its oracle's
+    KERAS_KWARGS."""
+    cls = CLASSES[rule] if which == 0 else PAIRS[rule][which]
+    return cls(**{**npref.ORACLES[rule].KERAS_KWARGS, **kwargs})
 
 
 def spec_hyper(rule, opt, step, learning_rate):
@@ -138,7 +143,7 @@ def test_dense_other_dtypes(rule, dtype):
                                    **tol)
 
 
-@pytest.mark.parametrize("rule", sorted(PAIRS))
+@pytest.mark.parametrize("rule", sorted(CLASSES))
 def test_uses_fused_ops_also_under_xla(rule):
     opt = make(rule, learning_rate=0.1)
     variables = _vars(5)
@@ -177,7 +182,7 @@ def test_uses_fused_ops_also_under_xla(rule):
 # --- sparse (lazy) updates ---------------------------------------------------------------
 
 @pytest.mark.parametrize("jit", [False, True])
-@pytest.mark.parametrize("rule", sorted(PAIRS))
+@pytest.mark.parametrize("rule", sorted(CLASSES))
 def test_sparse_lazy_matches_reference(rule, jit):
     opt = make(rule, learning_rate=0.1, epsilon=0.01)
     rng = np.random.default_rng(7)
@@ -222,7 +227,7 @@ def _data(n=64):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rule", sorted(PAIRS))
+@pytest.mark.parametrize("rule", sorted(CLASSES))
 def test_fit_jit_compile_matches_fused(rule):
     x, y = _data()
     weights = {}
@@ -288,9 +293,9 @@ def test_fit_dense_model_matches_keras_adam():
 
 # --- serialization and checkpoints ---------------------------------------------------------
 
-@pytest.mark.parametrize("rule", sorted(PAIRS))
+@pytest.mark.parametrize("rule", sorted(CLASSES))
 def test_config_round_trip(rule):
-    cls = PAIRS[rule][0]
+    cls = CLASSES[rule]
     opt = make(rule, learning_rate=0.03, clipnorm=0.7, use_ema=True, epsilon=1e-4)
     config = opt.get_config()
     again = cls.from_config(config)
@@ -300,7 +305,8 @@ def test_config_round_trip(rule):
     back = keras.optimizers.deserialize(ser)
     assert type(back) is cls and back.get_config() == config
     assert issubclass(cls, keras.optimizers.Optimizer)
-    assert issubclass(cls, PAIRS[rule][1])
+    if rule in PAIRS:
+        assert issubclass(cls, PAIRS[rule][1])
 
 
 def test_model_save_load_keeps_optimizer_state(tmp_path):
@@ -448,3 +454,80 @@ def test_dtypes_the_ops_do_not_take_run_keras_own_update(rule, dtype, sparse):
     must_train = KERAS3 and dtype == "complex64" and not sparse and rule != "adamax"
     harness.check_fallback_is_the_replaced_class(ours, theirs, dtype, sparse,
                                                  np.testing.assert_array_equal, must_train)
+
+
+# --- fusedopt's own classes (rules no Keras optimizer has: issue 32) ------------------------
+
+@pytest.mark.parametrize("rule", NEW)
+def test_new_rule_dense_matches_reference(rule):
+    """No Keras class to run beside: the NumPy oracle, step by step, eager then tf.function;
+    the slots have the rule's layouts (per row: var.shape[:1])."""
+    opt = make(rule, learning_rate=0.1, epsilon=0.01)
+    variables = _vars(8)
+    opt.build(variables)
+    slots = [[getattr(opt, a)[i] for a in SLOT_ATTRS[rule]] for i in range(len(variables))]
+    for var, var_slots in zip(variables, slots):
+        assert [tuple(s.shape) for s in var_slots] == [
+            npref.slot_shape(rule, name, var.shape) for name in npref.RULES[rule]["slots"]]
+    rng = np.random.default_rng(9)
+    step = tf.function(lambda g: opt.apply_gradients(zip(g, variables)))
+    for t in range(1, 7):
+        grads = _grads(rng, variables)
+        before = [(v.numpy(), [np.asarray(s.numpy()) for s in ss])
+                  for v, ss in zip(variables, slots)]
+        hyper = spec_hyper(rule, opt, t, 0.1)
+        (opt.apply_gradients(zip(grads, variables)) if t < 4 else step(grads))
+        for var, var_slots, (v0, s0), g in zip(variables, slots, before, grads):
+            exp_v, exp_s = npref.dense_update(rule, v0, s0, g.numpy(), hyper,
+                                              SPECS[rule].options)
+            npref.assert_close(var.numpy(), exp_v, "float32", "var step %d" % t)
+            for s, e in zip(var_slots, exp_s):
+                npref.assert_close(np.asarray(s.numpy()), e, "float32", "slot step %d" % t)
+
+
+@pytest.mark.parametrize("rule", NEW)
+def test_new_rule_arguments_and_name(rule):
+    cls = CLASSES[rule]
+    opt = cls()
+    assert opt.name.startswith(SPECS[rule].new.default_name)
+    assert cls(name="mine").name == "mine"
+    defaults = dict(SPECS[rule].new.arguments)
+    for argument, default in defaults.items():
+        assert getattr(opt, argument) == default
+    assert float(np.asarray(opt.learning_rate)) == pytest.approx(SPECS[rule].new.learning_rate)
+    positional = cls(0.5, *[v * 2 for v in defaults.values()])
+    assert float(np.asarray(positional.learning_rate)) == 0.5
+    assert [getattr(positional, a) for a in defaults] == [v * 2 for v in defaults.values()]
+    with pytest.raises(TypeError):
+        cls(0.1, learning_rate=0.2)
+    with pytest.raises((TypeError, ValueError)):  # Keras's base: ValueError
+        cls(not_an_argument=1)
+    if "initial_accumulator_value" in defaults:
+        with pytest.raises(ValueError, match="initial_accumulator_value"):
+            cls(initial_accumulator_value=-1.0)
+
+
+@pytest.mark.parametrize("rule", NEW)
+def test_new_rule_fit_save_load_goes_on_identically(rule, tmp_path):
+    """model.fit with the embedding's sparse and the dense layers' gradients; the .keras
+    file restores the class, its per-row slots and the step, and training goes on with
+    the same bits as the model kept in memory."""
+    x, y = _data()
+    model = _model()
+    model.compile(optimizer=make(rule, learning_rate=0.05), loss="mse")
+    hist = model.fit(x, y, batch_size=16, epochs=3, shuffle=False, verbose=0)
+    assert hist.history["loss"][-1] < hist.history["loss"][0]
+    path = str(tmp_path / "m.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert type(loaded.optimizer) is CLASSES[rule]
+    shapes = [tuple(v.shape) for v in model.optimizer.variables]
+    assert [tuple(v.shape) for v in loaded.optimizer.variables] == shapes
+    embedding = model.trainable_variables[0]
+    assert (embedding.shape[0],) in shapes and tuple(embedding.shape) not in shapes[2:]
+    for a, b in zip(model.optimizer.variables, loaded.optimizer.variables):
+        np.testing.assert_array_equal(np.asarray(a.numpy()), np.asarray(b.numpy()))
+    model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    loaded.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(model.get_weights(), loaded.get_weights()):
+        np.testing.assert_array_equal(a, b)

@@ -34,14 +34,19 @@ else:
     from fusedopt import ops, rules
 
     K = fl._keras  # tf.keras on TF 2.15; tf_keras on TF >= 2.16
-    # rule -> its LEGACY spec, and (fusedopt class, the Keras 2 class it replaces).
+    # rule -> its LEGACY spec and fusedopt class; (fusedopt class, the Keras 2 class it
+    # replaces) for the rules Keras 2 has (NEW: fusedopt's own classes, tests at the end).
     SPECS = dict(rules.front_end_specs("LEGACY"))
-    PAIRS = {rule: (getattr(fl, spec.name), getattr(K.optimizers.legacy, spec.base))
-             for rule, spec in SPECS.items()}
+    CLASSES = {rule: getattr(fl, spec.name) for rule, spec in SPECS.items()}
+    PAIRS = {rule: (CLASSES[rule], getattr(K.optimizers.legacy, spec.base))
+             for rule, spec in SPECS.items() if spec.base is not None}
+    NEW = sorted(set(CLASSES) - set(PAIRS))
 
     def make(rule, which=0, *args, **kwargs):
-        """PAIRS[rule][which](...) with the rule's LEGACY_KWARGS (its fused path)."""
-        return PAIRS[rule][which](*args, **{**npref.ORACLES[rule].LEGACY_KWARGS, **kwargs})
+        """PAIRS[rule][which](...) (0: fusedopt's class, any rule) with the rule's
+        LEGACY_KWARGS (its fused path)."""
+        cls = CLASSES[rule] if which == 0 else PAIRS[rule][which]
+        return cls(*args, **{**npref.ORACLES[rule].LEGACY_KWARGS, **kwargs})
 
     def _vars(seed, dtype="float32"):
         rng = np.random.default_rng(seed)
@@ -107,7 +112,7 @@ else:
             np.testing.assert_allclose(a.numpy().astype(np.float64),
                                        b.numpy().astype(np.float64), **tol)
 
-    @pytest.mark.parametrize("rule", sorted(PAIRS))
+    @pytest.mark.parametrize("rule", sorted(CLASSES))
     def test_uses_fused_ops_and_xla_fallback(rule):
         opt = make(rule, 0, 0.1)
         variables = _vars(5)
@@ -141,7 +146,7 @@ else:
         assert np.array_equal(before[2][[1, 3, 4, 5]], emb.numpy()[[1, 3, 4, 5]])
 
     @pytest.mark.parametrize("jit", [False, True])
-    @pytest.mark.parametrize("rule", sorted(PAIRS))
+    @pytest.mark.parametrize("rule", sorted(CLASSES))
     def test_sparse_lazy_matches_reference(rule, jit):
         opt = make(rule, 0, 0.1, epsilon=0.01)
         rng = np.random.default_rng(7)
@@ -211,7 +216,7 @@ else:
         monkeypatch.undo()
         return state, fused, opt
 
-    @pytest.mark.parametrize("rule", sorted(PAIRS))
+    @pytest.mark.parametrize("rule", sorted(CLASSES))
     def test_packed_step_identical_to_list_and_read_after_sees_it(rule, monkeypatch):
         expected, list_ops, _ = _packed_run(rule, False, monkeypatch)
         got, packed_ops, opt = _packed_run(rule, True, monkeypatch)
@@ -262,9 +267,9 @@ else:
 
     # --- the OptimizerV2 API -------------------------------------------------------------
 
-    @pytest.mark.parametrize("rule", sorted(PAIRS))
+    @pytest.mark.parametrize("rule", sorted(CLASSES))
     def test_config_serialization(rule):
-        cls = PAIRS[rule][0]
+        cls = CLASSES[rule]
         opt = make(rule, 0, learning_rate=0.03, epsilon=1e-4, clipnorm=0.7, decay=0.01,
                    name="opt")
         config = opt.get_config()
@@ -326,7 +331,7 @@ else:
         x = rng.integers(0, 20, (n, 4)).astype(np.int32)
         return x, (x.sum(axis=1, keepdims=True) / 40.0 - 0.5).astype(np.float32)
 
-    @pytest.mark.parametrize("rule", sorted(PAIRS))
+    @pytest.mark.parametrize("rule", sorted(CLASSES))
     def test_fit_and_jit_compile(rule):
         x, y = _data()
         weights = []
@@ -437,3 +442,45 @@ else:
         harness.check_fallback_is_the_replaced_class(ours, theirs, dtype, sparse,
                                                      np.testing.assert_array_equal,
                                                      must_train)
+
+    # --- fusedopt's own classes (rules Keras 2 has no optimizer for: issue 32) -----------
+
+    @pytest.mark.parametrize("rule", NEW)
+    def test_new_rule_dense_matches_reference_and_checkpoints(rule, tmp_path):
+        """No Keras 2 class to run beside: the NumPy oracle step by step (eager, then
+        tf.function), slots of the rule's layouts; a tf.train.Checkpoint restores them
+        into a fresh optimizer, which goes on with the same bits."""
+        opt = make(rule, 0, 0.1, epsilon=0.01)
+        variables = _vars(4)
+        opt._create_all_weights(variables)
+        names = SPECS[rule].slots
+        for var in variables:
+            assert [tuple(opt.get_slot(var, n).shape) for n in names] == [
+                npref.slot_shape(rule, s, var.shape) for s in npref.RULES[rule]["slots"]]
+        rng = np.random.default_rng(6)
+        step = tf.function(_no_result(lambda g: opt.apply_gradients(zip(g, variables))))
+        for t in range(1, 7):
+            grads = _grads(rng, variables)
+            before = [(v.numpy(), [opt.get_slot(v, n).numpy() for n in names])
+                      for v in variables]
+            coefficients = opt._fallback_apply_state(variables[0].device, tf.float32)
+            hyper = {name: float(coefficients[key]) for name, key in SPECS[rule].hyper.items()}
+            (opt.apply_gradients(zip(grads, variables)) if t < 4 else step(grads))
+            for var, (v0, s0), g in zip(variables, before, grads):
+                exp_v, exp_s = npref.dense_update(rule, v0, s0, g.numpy(), hyper,
+                                                  SPECS[rule].options)
+                npref.assert_close(var.numpy(), exp_v, "float32", "var step %d" % t)
+                for n, e in zip(names, exp_s):
+                    npref.assert_close(opt.get_slot(var, n).numpy(), e, "float32", n)
+        path = tf.train.Checkpoint(opt=opt, v=variables).save(str(tmp_path / "ckpt"))
+        fresh_vars = _vars(99)
+        fresh = make(rule, 0, 0.1, epsilon=0.01)
+        tf.train.Checkpoint(opt=fresh, v=fresh_vars).restore(path)
+        grads = _grads(rng, variables)
+        opt.apply_gradients(zip(grads, variables))
+        fresh.apply_gradients(zip(grads, fresh_vars))  # slots restored on creation
+        for var, fresh_var in zip(variables, fresh_vars):
+            np.testing.assert_array_equal(var.numpy(), fresh_var.numpy())
+            for n in names:
+                np.testing.assert_array_equal(opt.get_slot(var, n).numpy(),
+                                              fresh.get_slot(fresh_var, n).numpy())

@@ -107,7 +107,7 @@ RULE_OPTIONS = [(r, o) for r in RULES for o in OPTIONS[r]]
 NUM_SLOTS = {rule: len(ORACLES[rule].SLOTS) for rule in RULES}
 
 
-from numpy_reference import np_dtype  # noqa: E402  (NumPy only; on the GPU machine too)
+from numpy_reference import np_dtype, slot_shape  # noqa: E402  (NumPy only; on the GPU machine too)
 
 
 def dtype_arg(dtype):
@@ -120,7 +120,8 @@ def make_state(rule, dtype, shape, rng, grad_rows=None):
     t = np_dtype(dtype)
     var = rng.standard_normal(shape).astype(t)
     ranges = ORACLES[rule].SLOT_RANGES
-    slots = [rng.uniform(*ranges[name], shape).astype(t) for name in ORACLES[rule].SLOTS]
+    slots = [rng.uniform(*ranges[name], slot_shape(rule, name, shape)).astype(t)
+             for name in ORACLES[rule].SLOTS]
     grad_shape = shape if grad_rows is None else (grad_rows,) + tuple(shape[1:])
     grad = rng.standard_normal(grad_shape).astype(t)
     return var, slots, grad

@@ -139,7 +139,8 @@ STATIC_PROBLEMS = {  # problem -> regex the ValueError must match (spec text or 
 def _static_regex(problem):
     m = re.match(r"slot_(\w+)_shape$", problem)
     if m:
-        return r"%s must have the same shape|must be equal|[Dd]imension|rank" % m.group(1)
+        return (r"%s must have the same shape|%s holds one value per row|must be equal|"
+                r"[Dd]imension|rank" % (m.group(1), m.group(1)))
     m = re.match(r"hyper_(\w+)_not_scalar$", problem)
     if m:
         return r"%s must be a scalar|must be rank 0|rank 0" % m.group(1)

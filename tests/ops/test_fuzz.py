@@ -167,9 +167,10 @@ def arrays(c):
     var = rng.uniform(-2, 2, shape)
     slots = []
     for name in RULES[c["rule"]]["slots"]:
-        s = rng.uniform(-1, 1, shape) if name == "m" else rng.uniform(0, 2, shape)
+        slot_shape = npref.slot_shape(c["rule"], name, shape)
+        s = rng.uniform(-1, 1, slot_shape) if name == "m" else rng.uniform(0, 2, slot_shape)
         if name != "m" and s.size:
-            s[rng.random(shape) < 0.2] = 0.0
+            s[rng.random(slot_shape) < 0.2] = 0.0
         slots.append(s.astype(dt))
     grad = (rng.integers(-64, 65, c["grad_shape"])
             * np.ldexp(1.0, -rng.integers(0, 9, c["grad_shape"])))

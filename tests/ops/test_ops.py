@@ -53,7 +53,7 @@ def update_fn(rule, options=None, **kwargs):
 # --- interface ---------------------------------------------------------------------
 
 def _spec_keys(rules):
-    return {r: {k: d[k] for k in ("slots", "hyper", "options")} for r, d in rules.items()}
+    return {r: {k: d[k] for k in ("slots", "hyper", "options", "slot_layouts")} for r, d in rules.items()}
 
 
 def test_rules_table():

@@ -30,7 +30,8 @@ def test_every_layer_knows_the_same_rules():
 @pytest.mark.parametrize("rule", list(RULES))
 def test_oracle_agrees_with_the_cpp_declaration(rule):
     spec = RULES[rule]
-    assert npref.RULES[rule] == {k: spec[k] for k in ("slots", "hyper", "options")}
+    assert npref.RULES[rule] == {k: spec[k] for k in ("slots", "hyper", "options",
+                                                      "slot_layouts")}
 
 
 @pytest.mark.parametrize("rule", list(RULES))
@@ -109,4 +110,6 @@ def test_benchmark_has_every_rule():
     assert set(BENCH) == set(RULES)
     for rule, entry in BENCH.items():
         assert list(entry.slots) == RULES[rule]["slots"]
+        assert set(entry.per_row) == {s for s, layout in RULES[rule]["slot_layouts"].items()
+                                      if layout == "per_row"}
         assert set(entry.hyper(1)) == set(RULES[rule]["hyper"])

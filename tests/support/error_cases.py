@@ -36,8 +36,8 @@ class Case:
         var_shape = var_shape if var_shape is not None else ((5, 2) if sparse else (3, 2))
         slot_shapes = dict(slot_shapes or {})
         self.var = rng.uniform(-1, 1, var_shape).astype(np.float32)
-        self.slots = [rng.uniform(0.1, 1, slot_shapes.get(n, var_shape)).astype(np.float32)
-                      for n in spec["slots"]]
+        self.slots = [rng.uniform(0.1, 1, slot_shapes.get(
+            n, npref.slot_shape(rule, n, var_shape))).astype(np.float32) for n in spec["slots"]]
         hyper = harness.hyper_for(rule, "float", 1)
         self.hyper = {k: np.full((hyper_shapes or {}).get(k, ()), v, np.float32)
                       for k, v in hyper.items()}
@@ -69,11 +69,19 @@ def _cases():
             kind = "sparse" if sparse else "dense"
             vshape = (5, 2) if sparse else (3, 2)
             for slot in spec["slots"]:
-                bad = (vshape[0],)
-                cases.append(Case(
-                    "%s-%s-slot_%s_shape" % (rule, kind, slot), rule, sparse,
-                    re.escape("%s must have the same shape as var: " % slot)
-                    + _either_order(vshape, bad), slot_shapes={slot: bad}))
+                if spec["slot_layouts"][slot] == "per_row":
+                    # the kernels name var.shape[:1]; graph construction its value only
+                    message = (re.escape("%s holds one value per row of var: shape " % slot)
+                               + "(var\\.shape\\[:1\\] = )?" + re.escape(
+                                   "%s, got %s (var %s)" % (_shape(vshape[:1]), _shape(vshape),
+                                                            _shape(vshape))))
+                    bad = vshape
+                else:
+                    bad = (vshape[0],)
+                    message = (re.escape("%s must have the same shape as var: " % slot)
+                               + _either_order(vshape, bad))
+                cases.append(Case("%s-%s-slot_%s_shape" % (rule, kind, slot), rule, sparse,
+                                  message, slot_shapes={slot: bad}))
             for h in spec["hyper"]:
                 cases.append(Case(
                     "%s-%s-hyper_%s_not_scalar" % (rule, kind, h), rule, sparse,

@@ -68,7 +68,8 @@ def make_state(rule, shape, dtype, rng):
     dt = np_dtype(dtype)
     var = rng.uniform(-1, 1, shape).astype(dt)
     ranges = npref.ORACLES[rule].SLOT_RANGES
-    slots = [rng.uniform(*ranges[name], shape).astype(dt) for name in RULES[rule]["slots"]]
+    slots = [rng.uniform(*ranges[name], npref.slot_shape(rule, name, shape)).astype(dt)
+             for name in RULES[rule]["slots"]]
     return var, slots
 
 

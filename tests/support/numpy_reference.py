@@ -34,9 +34,21 @@ except ImportError:  # pragma: no cover - ml_dtypes ships with TensorFlow
 ORACLES = {info.name: importlib.import_module("numpy_rules." + info.name)
            for info in pkgutil.iter_modules(numpy_rules.__path__)}
 
-# rule -> {"slots", "hyper", "options"}: the rules as docs/API_SPEC.md documents them.
-RULES = {name: {"slots": list(m.SLOTS), "hyper": list(m.HYPER), "options": dict(m.OPTIONS)}
+# rule -> {"slots", "hyper", "options", "slot_layouts"}: the rules as docs/API_SPEC.md
+# documents them. A slot is per element (var's shape) or, listed in the oracle's PER_ROW,
+# per row (var.shape[:1]; [] for a scalar var).
+RULES = {name: {"slots": list(m.SLOTS), "hyper": list(m.HYPER), "options": dict(m.OPTIONS),
+                "slot_layouts": {s: "per_row" if s in getattr(m, "PER_ROW", ()) else "per_element"
+                                 for s in m.SLOTS}}
          for name, m in sorted(ORACLES.items())}
+
+
+def slot_shape(rule, slot, var_shape):
+    """The shape of `rule`'s slot `slot` beside a var of `var_shape`."""
+    var_shape = tuple(var_shape)
+    if RULES[rule]["slot_layouts"][slot] == "per_row":
+        return var_shape[:1]
+    return var_shape
 
 
 def _f64(x):
@@ -75,8 +87,8 @@ def dense_update(rule, var, slots, grad, hyper, options=None):
     slots = [_f64(s) for s in _slot_list(rule, slots)]
     grad = _f64(grad)
     for name, s in zip(RULES[rule]["slots"], slots):
-        if s.shape != var.shape:
-            raise ValueError("%s must have the same shape as var" % name)
+        if s.shape != slot_shape(rule, name, var.shape):
+            raise ValueError("%s must have shape %s" % (name, slot_shape(rule, name, var.shape)))
     if grad.shape != var.shape:
         raise ValueError("grad must have the same shape as var")
     with np.errstate(divide="ignore", invalid="ignore"):

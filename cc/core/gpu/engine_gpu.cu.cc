@@ -169,6 +169,89 @@ __device__ __forceinline__ void UpdateElement(const ParamsFor<Rule, T>& p, T* __
   for (int k = 0; k < kSlots; ++k) Store(slots.p[k][i], s[k]);
 }
 
+// ---------------------------------------------------------------------------------------
+// Rules with a per-row phase: one warp per row. Lane j takes the row's elements j, j+32,
+// ... in order and the lane sums fold by shuffles, lane j += lane j+w for w = 16 .. 1:
+// row_sum.h's order, so the row sums equal the CPU's bit for bit. grad_at(c) is the row's
+// (duplicate-summed) gradient at element c, computed again for the element pass.
+constexpr int kWarp = 32;
+static_assert(kWarp == kRowSumLanes, "a warp is row_sum.h's lanes");
+static_assert(kThreads % kWarp == 0, "whole warps per block");
+
+template <typename Rule, typename T, typename GradAt>
+__device__ __forceinline__ void UpdateRowWarp(const ParamsFor<Rule, T>& p, T* __restrict__ var,
+                                              const SlotPointers<T, NumSlots<Rule>()>& slots,
+                                              int64_t row, int64_t row_size, int lane,
+                                              GradAt grad_at) {
+  using C = ComputeType<T>;
+  constexpr int kSlots = NumSlots<Rule>();
+  C sum = C(0);
+  for (int64_t c = lane; c < row_size; c += kWarp) sum += Rule::RowTerm(grad_at(c));
+  for (int w = kWarp / 2; w > 0; w /= 2) sum += __shfl_down_sync(0xffffffffu, sum, w);
+  C row_slots[kSlots];
+  C factor = C(0);
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k) row_slots[k] = C(0);
+  if (lane == 0) {
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) {
+      if (IsPerRowSlot<Rule>(k)) row_slots[k] = Load(slots.p[k][row]);
+    }
+    factor = Rule::UpdateRow(p, row_slots, sum, static_cast<C>(row_size));
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) {
+      if (IsPerRowSlot<Rule>(k)) Store(slots.p[k][row], row_slots[k]);
+    }
+  }
+  factor = __shfl_sync(0xffffffffu, factor, 0);
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k) {
+    if (IsPerRowSlot<Rule>(k)) row_slots[k] = __shfl_sync(0xffffffffu, row_slots[k], 0);
+  }
+  const int64_t base = row * row_size;
+  for (int64_t c = lane; c < row_size; c += kWarp) {
+    C v = Load(var[base + c]);
+    C s[kSlots];
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) {
+      s[k] = IsPerRowSlot<Rule>(k) ? row_slots[k] : Load(slots.p[k][base + c]);
+    }
+    Rule::Update(p, v, s, grad_at(c), factor);
+    Store(var[base + c], v);
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) {
+      if (!IsPerRowSlot<Rule>(k)) Store(slots.p[k][base + c], s[k]);
+    }
+  }
+}
+
+// Dense, per-row phase: warp w of the grid takes rows w, w + warps, ...
+template <typename Rule, typename T>
+__global__ void __launch_bounds__(kThreads)
+    DenseRowKernel(const ParamsFor<Rule, T> p, T* __restrict__ var,
+                   const SlotPointers<T, NumSlots<Rule>()> slots, const T* __restrict__ grad,
+                   int64_t num_rows, int64_t row_size) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / kWarp);
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+       r < num_rows; r += warps) {
+    const T* g = grad + r * row_size;
+    UpdateRowWarp<Rule, T>(p, var, slots, r, row_size, lane,
+                           [g](int64_t c) { return ComputeType<T>(Load(g[c])); });
+  }
+}
+
+template <typename Rule, typename T>
+Status LaunchDenseRows(const ParamsFor<Rule, T>& p, T* var,
+                       const SlotPointers<T, NumSlots<Rule>()>& slots, const T* grad, int64_t n,
+                       int64_t row_size, Stream stream) {
+  if (n <= 0 || row_size <= 0) return Status::Ok();
+  const int64_t rows = n / row_size;
+  DenseRowKernel<Rule, T><<<GridFor(rows, kThreads / kWarp), kThreads, 0, stream>>>(
+      p, var, slots, grad, rows, row_size);
+  return LaunchStatus("dense row-wise update");
+}
+
 // Rows with at most kSerialSumLength gradient rows (nearly all of them): one left-to-right
 // sum per element, then the update. Hot rows are left to the two kernels below.
 template <typename Rule, typename T, typename Index>
@@ -181,10 +264,17 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t g = lanes.first_item(); g < num_groups; g += lanes.item_step()) {
     const uint32_t begin = groups.offsets[g], end = groups.offsets[g + 1];
     if (end - begin > kSerialSumLength) continue;
-    const int64_t base = static_cast<int64_t>(groups.rows[g]) * row_size;
-    for (int64_t c = lanes.lane(); c < row_size; c += 1 << lanes.lanes_log2) {
-      UpdateElement<Rule, T>(p, var, slots, base + c,
-                             SumColumn(grad, row_size, groups.positions, begin, end, c));
+    if constexpr (HasRowPhase<Rule>()) {  // lanes: one warp per row
+      UpdateRowWarp<Rule, T>(p, var, slots, groups.rows[g], row_size, lanes.lane(),
+                             [&](int64_t c) {
+                               return SumColumn(grad, row_size, groups.positions, begin, end, c);
+                             });
+    } else {
+      const int64_t base = static_cast<int64_t>(groups.rows[g]) * row_size;
+      for (int64_t c = lanes.lane(); c < row_size; c += 1 << lanes.lanes_log2) {
+        UpdateElement<Rule, T>(p, var, slots, base + c,
+                               SumColumn(grad, row_size, groups.positions, begin, end, c));
+      }
     }
   }
 }
@@ -231,13 +321,20 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t g = lanes.first_item(); g < num_groups; g += lanes.item_step()) {
     const uint32_t first = groups.hot_chunk_offsets[g], last = groups.hot_chunk_offsets[g + 1];
     if (first == last) continue;  // not a hot row
-    const int64_t base = static_cast<int64_t>(groups.rows[g]) * row_size;
-    for (int64_t c = lanes.lane(); c < row_size; c += 1 << lanes.lanes_log2) {
+    auto summed = [&](int64_t c) {
       C sum = partials[static_cast<int64_t>(first) * row_size + c];
       for (uint32_t h = first + 1; h < last; ++h) {
         sum += partials[static_cast<int64_t>(h) * row_size + c];
       }
-      UpdateElement<Rule, T>(p, var, slots, base + c, sum);
+      return sum;
+    };
+    if constexpr (HasRowPhase<Rule>()) {  // lanes: one warp per row
+      UpdateRowWarp<Rule, T>(p, var, slots, groups.rows[g], row_size, lanes.lane(), summed);
+    } else {
+      const int64_t base = static_cast<int64_t>(groups.rows[g]) * row_size;
+      for (int64_t c = lanes.lane(); c < row_size; c += 1 << lanes.lanes_log2) {
+        UpdateElement<Rule, T>(p, var, slots, base + c, summed(c));
+      }
     }
   }
 }
@@ -256,28 +353,35 @@ inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 
 template <typename Rule, typename T>
 Status ApplyDense(const ParamsFor<Rule, T>& p, T* var, T* const* slots, const T* grad, int64_t n,
-                  Stream stream) {
+                  int64_t row_size, Stream stream) {
   using namespace detail;
   constexpr int kSlots = NumSlots<Rule>();
   constexpr int kVec = 16 / sizeof(T);
   if (n <= 0) return Status::Ok();
   const auto slot_pointers = ToSlotPointers<T, kSlots>(slots);
-  bool aligned = Aligned16(var) && Aligned16(grad);
-  for (int k = 0; k < kSlots; ++k) aligned = aligned && Aligned16(slots[k]);
-  if (aligned && n >= kVec) {
-    DenseKernel<Rule, T, kVec><<<GridFor(n / kVec, kThreads), kThreads, 0, stream>>>(
-        p, var, slot_pointers, grad, n);
+  if constexpr (HasRowPhase<Rule>()) {
+    return LaunchDenseRows<Rule, T>(p, var, slot_pointers, grad, n, row_size, stream);
   } else {
-    DenseKernel<Rule, T, 1><<<GridFor(n, kThreads), kThreads, 0, stream>>>(p, var, slot_pointers,
-                                                                           grad, n);
+    bool aligned = Aligned16(var) && Aligned16(grad);
+    for (int k = 0; k < kSlots; ++k) aligned = aligned && Aligned16(slots[k]);
+    if (aligned && n >= kVec) {
+      DenseKernel<Rule, T, kVec><<<GridFor(n / kVec, kThreads), kThreads, 0, stream>>>(
+          p, var, slot_pointers, grad, n);
+    } else {
+      DenseKernel<Rule, T, 1><<<GridFor(n, kThreads), kThreads, 0, stream>>>(
+          p, var, slot_pointers, grad, n);
+    }
+    return LaunchStatus("dense update");
   }
-  return LaunchStatus("dense update");
 }
 
+namespace detail {
+namespace {
+
+// ApplyDenseGroup of a rule without a per-row phase: multi-tensor launches.
 template <typename Rule, typename T>
-Status ApplyDenseGroup(const ParamsFor<Rule, T>& p, const DenseTensor<Rule, T>* tensors,
-                       int64_t count, Stream stream) {
-  using namespace detail;
+Status LaunchDenseGroup(const ParamsFor<Rule, T>& p, const DenseTensor<Rule, T>* tensors,
+                        int64_t count, Stream stream) {
   constexpr int kSlots = NumSlots<Rule>();
   GroupLaunch<T, kSlots> launch;
   auto flush = [&]() -> Status {
@@ -313,6 +417,27 @@ Status ApplyDenseGroup(const ParamsFor<Rule, T>& p, const DenseTensor<Rule, T>* 
   return flush();
 }
 
+}  // namespace
+}  // namespace detail
+
+template <typename Rule, typename T>
+Status ApplyDenseGroup(const ParamsFor<Rule, T>& p, const DenseTensor<Rule, T>* tensors,
+                       int64_t count, Stream stream) {
+  using namespace detail;
+  constexpr int kSlots = NumSlots<Rule>();
+  if constexpr (HasRowPhase<Rule>()) {
+    for (int64_t i = 0; i < count; ++i) {
+      const DenseTensor<Rule, T>& x = tensors[i];
+      Status s = LaunchDenseRows<Rule, T>(p, x.var, ToSlotPointers<T, kSlots>(x.slots.data()),
+                                          x.grad, x.n, x.row_size, stream);
+      if (!s.ok()) return s;
+    }
+    return Status::Ok();
+  } else {
+    return LaunchDenseGroup<Rule, T>(p, tensors, count, stream);
+  }
+}
+
 template <typename Rule, typename T, typename Index>
 Status ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, int64_t num_rows,
                    int64_t row_size, const T* grad, const Index* indices, int64_t n,
@@ -344,6 +469,7 @@ Status ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, int64_t
   while ((int64_t{1} << lanes.lanes_log2) < row_size && (1 << lanes.lanes_log2) < kThreads) {
     ++lanes.lanes_log2;
   }
+  if (HasRowPhase<Rule>()) lanes.lanes_log2 = 5;  // a warp per row (UpdateRowWarp)
   const int64_t rows_per_block = kThreads >> lanes.lanes_log2;
   const auto slot_pointers = ToSlotPointers<T, kSlots>(slots);
   SparseKernel<Rule, T, Index><<<GridFor(n, rows_per_block), kThreads, 0, stream>>>(

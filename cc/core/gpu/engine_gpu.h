@@ -69,15 +69,18 @@ inline Status IndexCheckStatus(const IndexCheck& check, int64_t num_rows) {
           IndexErrorMessage(static_cast<int64_t>(check.position), check.value, num_rows)};
 }
 
-// Dense update of n elements. Never fails on valid pointers except for CUDA errors.
+// Dense update of n elements in rows of row_size (RowSizeOf: only rules with a per-row
+// phase read it; they update a row per warp). Never fails on valid pointers except for
+// CUDA errors.
 template <typename Rule, typename T>
 Status ApplyDense(const ParamsFor<Rule, T>& p, T* var, T* const* slots, const T* grad, int64_t n,
-                  Stream stream);
+                  int64_t row_size, Stream stream);
 
 // Dense updates of `count` tensors with the same params (the group op): one launch per
 // kMaxGroupTensorsPerLaunch tensors, the tensors' elements cut into chunks that every block
 // of the grid takes in turn (a multi-tensor apply), so 1,000 small variables cost 16
-// launches, not 1,000. Each element sees exactly ApplyDense's math (the same bits).
+// launches, not 1,000. Each element sees exactly ApplyDense's math (the same bits). Rules
+// with a per-row phase: one row-per-warp launch per tensor.
 // `tensors` is host memory, read before the call returns (the launches carry copies).
 constexpr int kMaxGroupTensorsPerLaunch = 64;
 
@@ -85,7 +88,8 @@ template <typename Rule, typename T>
 Status ApplyDenseGroup(const ParamsFor<Rule, T>& p, const DenseTensor<Rule, T>* tensors,
                        int64_t count, Stream stream);
 
-// var and slots are [num_rows, row_size] on the device; grad [n, row_size]; indices [n],
+// var and per-element slots are [num_rows, row_size] on the device, per-row slots
+// [num_rows]; grad [n, row_size]; indices [n],
 // n <= kMaxSparseIndices. Enqueues the index check, coalescing and updates and a copy of
 // the check's verdict into *check (host memory that must stay valid until the stream has
 // passed the call; it reads "all in range" until then). The returned Status covers what

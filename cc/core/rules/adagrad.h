@@ -13,7 +13,7 @@ namespace fusedopt {
 struct AdagradRule {
   static constexpr const char* kOpName = "Adagrad";
   static constexpr const char* kPyName = "adagrad";
-  static constexpr std::array<const char*, 1> kSlots = {"accum"};
+  static constexpr std::array<SlotDecl, 1> kSlots = {PerElement("accum")};
   static constexpr std::array<const char*, 2> kHyper = {"lr", "epsilon"};
   static constexpr std::array<RuleOption, 2> kOptions = {
       {{"update_slots", true}, {"epsilon_inside_sqrt", false}}};

@@ -4,13 +4,14 @@
 #define FUSEDOPT_CC_CORE_RULES_ADAMAX_H_
 
 #include "cc/core/rule.h"
+#include "cc/core/rules/lazy_adam.h"
 
 namespace fusedopt {
 
 struct AdamaxRule {
   static constexpr const char* kOpName = "Adamax";
   static constexpr const char* kPyName = "adamax";
-  static constexpr std::array<const char*, 2> kSlots = {"m", "v"};
+  static constexpr auto kSlots = LazyAdamRule::kSlots;  // Adam's two moments, m and v
   static constexpr std::array<const char*, 5> kHyper = {"beta1_power", "lr", "beta1", "beta2",
                                                         "epsilon"};
   static constexpr std::array<RuleOption, 0> kOptions = {};

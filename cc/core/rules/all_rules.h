@@ -7,6 +7,7 @@
 #include "cc/core/rules/lazy_adam.h"
 #include "cc/core/rules/adamax.h"
 #include "cc/core/rules/rms_prop.h"
+#include "cc/core/rules/row_wise_adagrad.h"
 
 namespace fusedopt {
 
@@ -19,7 +20,7 @@ struct RuleList {
   }
 };
 
-using AllRules = RuleList<LazyAdamRule, AdamaxRule, AdagradRule, RmsPropRule>;
+using AllRules = RuleList<LazyAdamRule, AdamaxRule, AdagradRule, RmsPropRule, RowWiseAdagradRule>;
 
 }  // namespace fusedopt
 

@@ -11,7 +11,7 @@ namespace fusedopt {
 struct LazyAdamRule {
   static constexpr const char* kOpName = "LazyAdam";
   static constexpr const char* kPyName = "lazy_adam";
-  static constexpr std::array<const char*, 2> kSlots = {"m", "v"};
+  static constexpr std::array<SlotDecl, 2> kSlots = {PerElement("m"), PerElement("v")};
   static constexpr std::array<const char*, 6> kHyper = {
       "beta1_power", "beta2_power", "lr", "beta1", "beta2", "epsilon"};
   static constexpr std::array<RuleOption, 1> kOptions = {{{"use_nesterov", false}}};

@@ -15,7 +15,7 @@ namespace fusedopt {
 struct RmsPropRule {
   static constexpr const char* kOpName = "RMSProp";
   static constexpr const char* kPyName = "rms_prop";
-  static constexpr std::array<const char*, 2> kSlots = {"ms", "mom"};
+  static constexpr std::array<SlotDecl, 2> kSlots = {PerElement("ms"), PerElement("mom")};
   static constexpr std::array<const char*, 4> kHyper = {"lr", "rho", "momentum", "epsilon"};
   static constexpr std::array<RuleOption, 0> kOptions = {};
 

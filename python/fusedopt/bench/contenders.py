@@ -31,8 +31,10 @@ class RuleContenders(NamedTuple):
     slots: tuple  # slot names, as TF's own kernels name their inputs
     slot_init: float
     hyper: Callable  # step t (float or tensor) -> the op's hyper-parameters at step t
-    keras: Optimizer  # tf.keras's optimizer: sparse, dense ("tf.keras (composed)"), XLA
-    tf_dense_kernel: str  # tf.raw_ops name of TF's own fused dense kernel
+    # tf.keras's optimizer (sparse, dense "tf.keras (composed)", XLA) and the tf.raw_ops
+    # name of TF's own fused dense kernel: None for a rule neither has.
+    keras: Optional[Optimizer]
+    tf_dense_kernel: Optional[str]
     keras_options: dict = {}  # fusedopt op options that give tf.keras's numbers
     tf_sparse_kernel: Optional[str] = None  # TF's fused sparse kernel (needs unique ids)
     sparse_optimizers: tuple = ()  # further optimizer contenders of the sparse scenario
@@ -40,6 +42,11 @@ class RuleContenders(NamedTuple):
     torch_sparse: Optional[Optimizer] = None  # make(torch, parameters); sparse grads
     torch_dense: tuple = ()  # Optimizers, make(torch, parameters); dense grads
     torch_hyper: Optional[Callable] = None  # `hyper` in torch's form (oracle "torch")
+    per_row: tuple = ()  # the slots with one value per row (shape var.shape[:1])
+
+    def slot_shape(self, slot, var_shape):
+        """The shape of slot `slot` (its name) beside a var of `var_shape`."""
+        return tuple(var_shape)[:1] if slot in self.per_row else tuple(var_shape)
 
     def tf_kernel_variables(self, var, slots):
         """The variable inputs of TF's own kernels (tf.raw_ops), by their names."""
@@ -127,6 +134,15 @@ RULES = {
         keras_options={"epsilon_inside_sqrt": True},
         tf_dense_kernel="ResourceApplyAdagradV2",
         tf_sparse_kernel="ResourceSparseApplyAdagradV2"),
+    # FBGEMM's EXACT_ROWWISE_ADAGRAD; no TF or Keras class (FBGEMM CPU as a peer: issue 33).
+    "row_wise_adagrad": RuleContenders(
+        slots=("accum",), slot_init=ADAGRAD_INITIAL_ACCUMULATOR, hyper=adagrad_hyper,
+        keras=None, tf_dense_kernel=None, per_row=("accum",),
+        fusedopt_keras=Optimizer("fusedopt.keras.RowWiseAdagrad", "lazy",
+                                 libraries.fusedopt_keras,
+                                 lambda fk: fk.RowWiseAdagrad(
+                                     LR, initial_accumulator_value=ADAGRAD_INITIAL_ACCUMULATOR,
+                                     epsilon=EPS))),
     "rms_prop": RuleContenders(
         slots=("ms", "mom"), slot_init=0.0, hyper=rms_prop_hyper,
         keras=Optimizer("tf.keras RMSprop", "dense", libraries.tensorflow,

@@ -28,8 +28,9 @@ class DenseSteps:
     def _variables(self):
         tf = self.tf
         var = tf.Variable(self.init)
-        slots = [tf.Variable(tf.fill([self.init.size], self.rule.slot_init))
-                 for _ in self.rule.slots]
+        slots = [tf.Variable(tf.fill(self.rule.slot_shape(name, [self.init.size]),
+                                     self.rule.slot_init))
+                 for name in self.rule.slots]
         return var, slots
 
     def _cycling(self, update):
@@ -75,10 +76,12 @@ class DenseSteps:
 def rule_contenders(steps):
     """({name: (make, semantics)}, {semantics: make}) of one rule's dense scenario."""
     rule = steps.rule
-    keras = functools.partial(rule.keras.make, steps.tf)
-    contenders = {"fusedopt (raw op)": (steps.fused, "tf"),
-                  "TF fused kernel": (steps.tf_kernel, "tf"),
-                  "tf.keras (composed)": (functools.partial(steps.optimizer, keras), "keras")}
+    contenders = {"fusedopt (raw op)": (steps.fused, "tf")}
+    if rule.tf_dense_kernel is not None:
+        contenders["TF fused kernel"] = (steps.tf_kernel, "tf")
+    if rule.keras is not None:
+        keras = functools.partial(rule.keras.make, steps.tf)
+        contenders["tf.keras (composed)"] = (functools.partial(steps.optimizer, keras), "keras")
     for optimizer in rule.torch_dense:
         add_optimizer(contenders, optimizer, steps.torch)
     oracles = {"tf": steps.fused,

@@ -54,7 +54,8 @@ class SparseSteps:
     def _variables(self):
         tf = self.tf
         var = tf.Variable(self.problem.init)
-        slots = [tf.Variable(tf.fill(self.shape, self.rule.slot_init)) for _ in self.rule.slots]
+        slots = [tf.Variable(tf.fill(self.rule.slot_shape(name, self.shape), self.rule.slot_init))
+                 for name in self.rule.slots]
         return var, slots
 
     def _cycling(self, update, batches, pass_step=True):

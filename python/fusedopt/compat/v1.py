@@ -78,23 +78,28 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
             for power_name, argument in self._SPEC.powers:
                 self._create_non_slot_variable(initial_value=self._arguments[argument],
                                                name=power_name, colocate_with=first_var)
+        rule = _fused_ops.RULES[self._RULE]
+        per_row = [rule["slot_layouts"][name] == "per_row" for name in rule["slots"]]
         for var in var_list:
-            for slot_name, initial in self._SPEC.slots:
-                if initial is None:
+            for (slot_name, initial), row_wise in zip(self._SPEC.slots, per_row):
+                if initial is None and not row_wise:
                     self._zeros_slot(var, slot_name, self._name)
                 else:
                     value = self._arguments[initial] if isinstance(initial, str) else initial
-                    self._filled_slot(var, slot_name, value)
+                    self._filled_slot(var, slot_name, value or 0.0, row_wise)
 
-    def _filled_slot(self, var, slot_name, value):
+    def _filled_slot(self, var, slot_name, value, row_wise=False):
+        """A slot filled with `value`: var's shape, or (row_wise) one value per row of var,
+        shape var.shape[:1]."""
         dtype = var.dtype.base_dtype
-        if var.get_shape().is_fully_defined():
+        shape = var.get_shape()[:1] if row_wise else var.get_shape()
+        if shape.is_fully_defined():
             init = tf.compat.v1.constant_initializer(value, dtype=dtype)
         else:
             def init():  # shape known only at run time, as in TF's AdagradOptimizer
-                return tf.cast(tf.fill(tf.shape(var), value), dtype)
-        self._get_or_make_slot_with_initializer(var, init, var.get_shape(), dtype,
-                                                slot_name, self._name)
+                dims = tf.shape(var)[:1] if row_wise else tf.shape(var)
+                return tf.cast(tf.fill(dims, value), dtype)
+        self._get_or_make_slot_with_initializer(var, init, shape, dtype, slot_name, self._name)
 
     def _powers(self):
         """The non-slot power variables of the current graph (eager: the only ones)."""

@@ -22,7 +22,8 @@ import tensorflow as tf
 
 from fusedopt import rules as _rules
 from fusedopt import _dispatch, _packs
-from fusedopt.rules._front import LearningRate, Power
+from fusedopt.rules._front import (LearningRate, Power, bind_new_optimizer,
+                                   new_optimizer_signature)
 
 _optimizers = tf.keras.optimizers
 _register = tf.keras.utils.register_keras_serializable(package="fusedopt")
@@ -188,6 +189,80 @@ def _named_as_base(cls, base):
     return cls
 
 
-__all__ = _rules.define_classes(globals(), "KERAS", lambda rule, spec: _register(_named_as_base(
-    _rules.fused_subclass(rule, spec, _FusedUpdate, getattr(_optimizers, spec.base), __name__,
-                          _BASE_ARGS), getattr(_optimizers, spec.base))))
+def _new_optimizer(rule, spec):
+    """The base class of a rule no Keras optimizer has (``spec.new``), written as Keras's own
+    optimizers are: arguments kept as attributes, ``build`` making the slot variables in the
+    rule's layouts (per row: shape ``var.shape[:1]``), ``get_config``; its own
+    ``update_step`` is the rule in composed TF ops (what runs where the fused op cannot)."""
+    new = spec.new
+    declared = _rules.SPECS[rule]
+    per_row = [declared["slot_layouts"][s] == "per_row" for s in declared["slots"]]
+    keras3 = "learning_rate" not in inspect.signature(_optimizers.Optimizer.__init__).parameters
+    signature = new_optimizer_signature(new)
+    base = _optimizers.Optimizer
+
+    def __init__(self, *args, **kwargs):
+        values, rest = bind_new_optimizer(new, signature, args, kwargs)
+        learning_rate, name = values.pop("learning_rate"), values.pop("name")
+        if keras3:
+            base.__init__(self, learning_rate=learning_rate, name=name, **rest)
+        else:  # Keras 2.15: the subclass builds its learning rate
+            base.__init__(self, name=name, **rest)
+            self._learning_rate = self._build_learning_rate(learning_rate)
+        for argument, value in values.items():
+            setattr(self, argument, value)
+
+    def _slot_variable(self, var, slot_name, value, row_wise):
+        shape = tuple(var.shape[:1]) if row_wise else tuple(var.shape)
+        if keras3:
+            path = getattr(var, "path", None) or str(var.name).replace(":", "_")
+            # A Keras variable next to its tf.Variable (a plain tf.Variable: itself).
+            inner = getattr(var, "value", var)
+            with self._distribution_strategy.extended.colocate_vars_with(
+                    var if callable(inner) else inner):
+                return self.add_variable(
+                    shape=shape, initializer=tf.keras.initializers.Constant(value),
+                    dtype=var.dtype, name=path.replace("/", "_") + "_" + slot_name)
+        return self.add_variable_from_reference(
+            var, slot_name, shape=tf.TensorShape(shape),
+            initial_value=tf.fill(shape, tf.cast(value, var.dtype)))
+
+    def build(self, var_list):
+        if getattr(self, "built", False) or getattr(self, "_built", False):
+            return
+        base.build(self, var_list)
+        self._built = True
+        for attr, slot_name, initial, row_wise in zip(spec.slots, new.slot_names,
+                                                      new.slot_initial, per_row):
+            value = getattr(self, initial) if initial else 0.0
+            setattr(self, attr, [_slot_variable(self, v, slot_name, value, row_wise)
+                                 for v in var_list])
+
+    def update_step(self, gradient, variable, learning_rate=None):
+        slots = [self._slot(getattr(self, attr), variable) for attr in spec.slots]
+        return _dispatch.apply(rule, variable, slots, gradient,
+                               self._hyper(variable, learning_rate), spec.options,
+                               composed=True)
+
+    def get_config(self):
+        config = base.get_config(self)
+        config.update({argument: getattr(self, argument) for argument, _ in new.arguments})
+        return config
+
+    __init__.__signature__ = signature
+    return type("_" + spec.name + "Base", (base,), {
+        "__init__": __init__, "build": build, "update_step": update_step,
+        "get_config": get_config, "__module__": __name__,
+        "__doc__": "fusedopt's own Keras optimizer base of %s." % spec.name})
+
+
+def _make_class(rule, spec):
+    if spec.base is None:
+        return _register(_rules.fused_subclass(rule, spec, _FusedUpdate,
+                                               _new_optimizer(rule, spec), __name__, _BASE_ARGS))
+    base = getattr(_optimizers, spec.base)
+    return _register(_named_as_base(
+        _rules.fused_subclass(rule, spec, _FusedUpdate, base, __name__, _BASE_ARGS), base))
+
+
+__all__ = _rules.define_classes(globals(), "KERAS", _make_class)

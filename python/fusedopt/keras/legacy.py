@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from fusedopt import rules as _rules
 from fusedopt import _dispatch, _packs
+from fusedopt.rules._front import bind_new_optimizer, new_optimizer_signature
 
 
 def _keras2():
@@ -127,6 +128,72 @@ _BASE_ARGS = """
     """
 
 
+def _new_optimizer(rule, spec):
+    """The OptimizerV2 base of a rule Keras 2 has no class for (``spec.new``), written as
+    Keras 2's optimizers are: ``learning_rate`` a hyper (``lr``, ``decay`` kept), the other
+    arguments attributes, ``_create_slots`` in the rule's layouts (per row: shape
+    ``var.shape[:1]``), ``_prepare_local`` giving the spec's coefficients, ``get_config``;
+    its own updates are the rule in composed TF ops (where the fused op cannot run)."""
+    new = spec.new
+    declared = _rules.SPECS[rule]
+    per_row = [declared["slot_layouts"][s] == "per_row" for s in declared["slots"]]
+    signature = new_optimizer_signature(new)
+    base = _legacy.Optimizer
+
+    def __init__(self, *args, **kwargs):
+        values, rest = bind_new_optimizer(new, signature, args, kwargs)
+        learning_rate = rest.pop("lr", values.pop("learning_rate"))
+        base.__init__(self, values.pop("name"), **rest)
+        self._set_hyper("learning_rate", learning_rate)
+        self._set_hyper("decay", self._initial_decay)
+        for argument, value in values.items():
+            setattr(self, argument, value)
+
+    def _create_slots(self, var_list):
+        for var in var_list:
+            for slot_name, initial, row_wise in zip(spec.slots, new.slot_initial, per_row):
+                value = getattr(self, initial) if initial else 0.0
+                shape = var.shape[:1] if row_wise else var.shape
+                self.add_slot(var, slot_name, _keras.initializers.Constant(value), shape=shape)
+
+    def _prepare_local(self, var_device, var_dtype, apply_state):
+        base._prepare_local(self, var_device, var_dtype, apply_state)
+        apply_state[(var_device, var_dtype)].update(
+            {key: tf.convert_to_tensor(getattr(self, key), var_dtype)
+             for key in spec.hyper.values() if key != "lr_t"})
+
+    def _composed(self, grad, var, indices, apply_state):
+        c = self._coefficients(var, apply_state)
+        slots = [self.get_slot(var, name) for name in spec.slots]
+        hyper = {name: c[key] for name, key in spec.hyper.items()}
+        if indices is not None:
+            grad = tf.IndexedSlices(grad, indices)
+        op = _dispatch.apply(rule, var, slots, grad, hyper, spec.options, composed=True)
+        return tf.no_op() if op is None and not tf.executing_eagerly() else op
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        return _composed(self, grad, var, None, apply_state)
+
+    def _resource_apply_sparse(self, grad, var, indices, apply_state=None):
+        return _composed(self, grad, var, indices, apply_state)
+
+    def get_config(self):
+        config = base.get_config(self)
+        config.update(learning_rate=self._serialize_hyperparameter("learning_rate"),
+                      decay=self._initial_decay)
+        config.update({argument: getattr(self, argument) for argument, _ in new.arguments})
+        return config
+
+    __init__.__signature__ = signature
+    return type("_" + spec.name + "Base", (base,), {
+        "_HAS_AGGREGATE_GRAD": True, "__init__": __init__, "_create_slots": _create_slots,
+        "_prepare_local": _prepare_local, "_resource_apply_dense": _resource_apply_dense,
+        "_resource_apply_sparse": _resource_apply_sparse, "get_config": get_config,
+        "__module__": __name__,
+        "__doc__": "fusedopt's own Keras 2 optimizer base of %s." % spec.name})
+
+
 __all__ = _rules.define_classes(globals(), "LEGACY", lambda rule, spec: _register(
-    _rules.fused_subclass(rule, spec, _FusedApply, getattr(_legacy, spec.base), __name__,
-                          _BASE_ARGS)))
+    _rules.fused_subclass(rule, spec, _FusedApply,
+                          getattr(_legacy, spec.base) if spec.base else _new_optimizer(rule, spec),
+                          __name__, _BASE_ARGS)))

@@ -11,6 +11,7 @@ Each maps every hyper-parameter of the rule's op to where that front end keeps i
 front-end modules build every class the same way and no class writes its update by hand.
 """
 import dataclasses
+import inspect
 from typing import Callable, Optional, Union
 
 REQUIRED = object()  # a constructor argument without a default
@@ -36,14 +37,30 @@ class LearningRate:
 
 
 @dataclasses.dataclass(frozen=True)
+class NewOptimizer:
+    """For a rule no Keras optimizer has: what the front end's own class on Keras's
+    ``Optimizer`` base (``OptimizerV2`` for Keras 2) takes and keeps, so the two Keras front
+    ends build it (constructor, slot variables of the rule's layouts, get_config) the same
+    way a Keras class is written."""
+    arguments: tuple       # ((argument, default), ...) after learning_rate, in order
+    slot_names: tuple      # the slot variables' names, rule order ("accumulator")
+    slot_initial: tuple    # per slot: the argument giving its initial value, or None (zeros)
+    default_name: str      # the optimizer's name when none is given
+    learning_rate: float = 0.001
+    check: Optional[Callable] = None  # check(arguments dict): raises ValueError
+
+
+@dataclasses.dataclass(frozen=True)
 class _KerasFamily:
     """What the two Keras front ends share: a subclass of `base` named `name` whose update
-    runs the rule's op, with the base's own update where the rule does not cover a setting."""
+    runs the rule's op, with the base's own update where the rule does not cover a setting.
+    ``base`` None: no Keras class has the rule; ``new`` describes the class built instead."""
     name: str
-    base: str
+    base: Optional[str]
     slots: tuple           # the base's slots (per-variable lists or slot names), rule order
     hyper: dict            # op hyper-parameter -> where the front end keeps it
     options: dict = dataclasses.field(default_factory=dict)
+    new: Optional[NewOptimizer] = None
     # When the base's own update runs instead: an attribute name (true: own update) or a
     # function of the optimizer, for settings the rule does not cover (e.g. amsgrad).
     own_update_when: Optional[Union[str, Callable]] = None
@@ -97,3 +114,27 @@ class CompatV1:
     check: Optional[Callable] = None  # check(arguments dict): raises ValueError
     anchor: Optional[str] = None      # the tf.compat.v1 class it reproduces, if TF has one
     doc: str = ""
+
+
+def new_optimizer_signature(new, keyword_only=()):
+    """The constructor signature of a ``NewOptimizer``'s class: learning_rate, its arguments,
+    then `keyword_only` ((name, default), ...), name and **kwargs (the base's keywords)."""
+    P = inspect.Parameter
+    return inspect.Signature(
+        [P("self", P.POSITIONAL_OR_KEYWORD),
+         P("learning_rate", P.POSITIONAL_OR_KEYWORD, default=new.learning_rate)]
+        + [P(n, P.POSITIONAL_OR_KEYWORD, default=d) for n, d in new.arguments]
+        + [P(n, P.KEYWORD_ONLY, default=d) for n, d in keyword_only]
+        + [P("name", P.KEYWORD_ONLY, default=new.default_name), P("kwargs", P.VAR_KEYWORD)])
+
+
+def bind_new_optimizer(new, signature, args, kwargs):
+    """(values of the signature's named arguments, the remaining **kwargs), checked."""
+    bound = signature.bind(None, *args, **kwargs)
+    bound.apply_defaults()
+    values = dict(bound.arguments)
+    values.pop("self")
+    rest = values.pop("kwargs")
+    if new.check is not None:
+        new.check(values)
+    return values, rest

@@ -1,0 +1,54 @@
+// Row-wise Adagrad (FBGEMM / TorchRec EXACT_ROWWISE_ADAGRAD): one accumulator per row of
+// the table instead of one per element, 1/D of Adagrad's state:
+//   accum[r] += mean over the row of g^2
+//   var[r]   -= (lr / (sqrt(accum[r]) + eps)) * g[r]
+// (FBGEMM's order of operations: the row's multiplier first, then one product per
+// element). No TF, Keras or tensorflow-addons class has it.
+#ifndef FUSEDOPT_CC_CORE_RULES_ROW_WISE_ADAGRAD_H_
+#define FUSEDOPT_CC_CORE_RULES_ROW_WISE_ADAGRAD_H_
+
+#include "cc/core/rule.h"
+
+namespace fusedopt {
+
+struct RowWiseAdagradRule {
+  static constexpr const char* kOpName = "RowWiseAdagrad";
+  static constexpr const char* kPyName = "row_wise_adagrad";
+  static constexpr std::array<SlotDecl, 1> kSlots = {PerRow("accum")};
+  static constexpr std::array<const char*, 2> kHyper = {"lr", "epsilon"};
+  static constexpr std::array<RuleOption, 0> kOptions = {};
+
+  template <typename C>
+  struct Params {
+    C lr, epsilon;
+  };
+
+  template <typename C>
+  static Params<C> Prepare(const C* h, const bool*) {
+    constexpr int lr = Index(kHyper, "lr"), epsilon = Index(kHyper, "epsilon");
+    return {h[lr], h[epsilon]};
+  }
+
+  template <typename C>
+  FO_HOST_DEVICE static C RowTerm(C g) {
+    return g * g;
+  }
+
+  // Returns the row's multiplier lr / (sqrt(accum) + eps).
+  template <typename C>
+  FO_HOST_DEVICE static C UpdateRow(const Params<C>& p, C* slot, C row_sum, C row_size) {
+    constexpr int accum_slot = Index(kSlots, "accum");
+    C& accum = slot[accum_slot];
+    accum += row_sum / row_size;
+    return p.lr / (Sqrt(accum) + p.epsilon);
+  }
+
+  template <typename C>
+  FO_HOST_DEVICE static void Update(const Params<C>&, C& var, C*, C g, C multiplier) {
+    var -= multiplier * g;
+  }
+};
+
+}  // namespace fusedopt
+
+#endif  // FUSEDOPT_CC_CORE_RULES_ROW_WISE_ADAGRAD_H_
