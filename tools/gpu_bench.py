@@ -3,8 +3,9 @@ against a device-to-device copy measured in the same run. No TensorFlow needed.
 
     python tools/gpu_bench.py [--out DIR] [--elements N] [--repeats R]
 
-Dense: every rule, float32 and bfloat16, N elements; bytes counted = what one fused pass
-must move (read var, slots, grad; write var, slots). Sparse: LazyAdam float32 on a
+Dense: every rule, float32 and bfloat16, N elements as rows of 64 (a per-row slot holds
+one value per row); bytes counted = what one fused pass must move (read var, slots, grad;
+write var, slots). Sparse: LazyAdam, Adagrad and row-wise Adagrad, float32, on a
 1M x 64 table, ids Zipf-distributed (hot rows: the hottest takes ~1/3 of a batch) or
 uniform; duplicates coalesced on the device; bytes = gradient rows read + touched rows
 of var and slots read and written. `wait` = the call checks its indices' verdict before
@@ -44,6 +45,12 @@ except ImportError:  # the peers are optional
 # listed: any value serves a bandwidth measurement).
 RULES = core_cuda.rules()
 SLOTS = {rule: len(spec["slots"]) for rule, spec in RULES.items()}
+# Per rule, each slot's layout: True where it holds one value per row of var.
+PER_ROW = {rule: [spec["slot_layouts"][name] == "per_row" for name in spec["slots"]]
+           for rule, spec in RULES.items()}
+# The rules of the sparse table benchmark: LazyAdam (torch's SparseAdam is its peer), and
+# full and row-wise Adagrad side by side (the state an embedding table keeps).
+SPARSE_RULES = ("lazy_adam", "adagrad", "row_wise_adagrad")
 VALUES = dict(beta1_power=0.9**3, beta2_power=0.999**3, lr=1e-3, beta1=0.9, beta2=0.999,
               epsilon=1e-7, rho=0.9, momentum=0.9)
 HYPER = {rule: {h: VALUES.get(h, 0.5) for h in spec["hyper"]} for rule, spec in RULES.items()}
@@ -163,14 +170,17 @@ def main():
     for dtype in ("float32", "bfloat16"):
         storage = cp.float32 if dtype == "float32" else cp.uint16
         item = 4 if dtype == "float32" else 2
-        for rule, k in SLOTS.items():
-            var = cp.zeros(n, storage)
-            slots = [cp.zeros(n, storage) for _ in range(k)]
-            grad = cp.zeros(n, storage)
+        for rule in SLOTS:
+            # A table of rows of 64: a per-row slot holds one value per row.
+            shape = (n // 64, 64)
+            var = cp.zeros(shape, storage)
+            slots = [cp.zeros(shape[:1] if per_row else shape, storage)
+                     for per_row in PER_ROW[rule]]
+            grad = cp.zeros(shape, storage)
             call = lambda: core_cuda.apply_dense(  # noqa: E731
                 rule, var, slots, grad, HYPER[rule], dtype="bfloat16" if dtype == "bfloat16" else "")
             ms = timed(call, args.repeats)
-            moved = n * item * (2 * (1 + k) + 1)
+            moved = item * (3 * var.size + 2 * sum(s.size for s in slots))
             gbs = moved / ms / 1e6
             entry = dict(rule=rule, dtype=dtype, ms=ms, GBps=gbs, fraction_of_copy=gbs / copy_gbs)
             if torch is not None and rule == "lazy_adam" and dtype == "float32":
@@ -181,7 +191,8 @@ def main():
     rows, width = 1 << 20, 64
     rng = np.random.default_rng(0)
     table = cp.zeros((rows, width), cp.float32)
-    m, v = cp.zeros_like(table), cp.zeros_like(table)
+    state = {rule: [cp.zeros(rows if per_row else (rows, width), cp.float32)
+                    for per_row in PER_ROW[rule]] for rule in SPARSE_RULES}
     for batch, ids_kind in ((1 << 14, "zipf"), (1 << 17, "zipf"), (1 << 17, "uniform")):
         if ids_kind == "zipf":
             ids = np.minimum(rng.zipf(1.1, batch) - 1, rows - 1).astype(np.int64)
@@ -191,18 +202,22 @@ def main():
         hottest = int(np.bincount(ids).max())
         indices = cp.asarray(ids)
         grad = cp.ones((batch, width), cp.float32)
-        moved = 4 * width * (batch + 6 * unique) + 8 * batch
-        entry = dict(rule="lazy_adam", dtype="float32", rows=rows, width=width, batch=batch,
-                     ids=ids_kind, unique_rows=int(unique), hottest_row=hottest)
-        for mode, wait in (("wait", True), ("no_wait", False)):
-            call = lambda: core_cuda.apply_sparse(  # noqa: E731
-                "lazy_adam", table, [m, v], grad, indices, HYPER["lazy_adam"], wait=wait)
-            ms = timed(call, args.repeats)
-            entry[f"{mode}_ms"] = ms
-            entry[f"{mode}_GBps"] = moved / ms / 1e6
-        if torch is not None:
-            entry["torch_sparse_adam_ms"] = torch_sparse_adam_ms(rows, width, ids, args.repeats)
-        results["sparse"].append(entry)
+        for rule in SPARSE_RULES:
+            # Gradient rows and ids read; each touched row of var and slots read and written.
+            row_values = width + sum(1 if per_row else width for per_row in PER_ROW[rule])
+            moved = 4 * (width * batch + 2 * row_values * unique) + 8 * batch
+            entry = dict(rule=rule, dtype="float32", rows=rows, width=width, batch=batch,
+                         ids=ids_kind, unique_rows=int(unique), hottest_row=hottest)
+            for mode, wait in (("wait", True), ("no_wait", False)):
+                call = lambda: core_cuda.apply_sparse(  # noqa: E731
+                    rule, table, state[rule], grad, indices, HYPER[rule], wait=wait)
+                ms = timed(call, args.repeats)
+                entry[f"{mode}_ms"] = ms
+                entry[f"{mode}_GBps"] = moved / ms / 1e6
+            if torch is not None and rule == "lazy_adam":
+                entry["torch_sparse_adam_ms"] = torch_sparse_adam_ms(rows, width, ids,
+                                                                     args.repeats)
+            results["sparse"].append(entry)
         del grad, indices
 
     results["many_small"] = many_small(args.repeats)
@@ -218,12 +233,12 @@ def main():
             lines += ["", f"dense float32 Adam, {n} parameters: fusedopt {r['ms']:.3f} ms, "
                       f"torch.optim.Adam(fused=True) {r['torch_fused_adam_ms']:.3f} ms "
                       f"(fusedopt {r['torch_fused_adam_ms'] / r['ms']:.2f}x)"]
-    lines += ["", "| sparse LazyAdam float32 | ids | batch (unique rows, hottest row) | "
+    lines += ["", "| sparse rule, float32 | table | ids | batch (unique rows, hottest row) | "
               "ms/step wait | ms/step no wait | GB/s no wait | torch SparseAdam ms | ratio |",
-              "|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in results["sparse"]:
         peer = r.get("torch_sparse_adam_ms")
-        lines.append(f"| {r['rows']}x{r['width']} | {r['ids']} | {r['batch']} "
+        lines.append(f"| {r['rule']} | {r['rows']}x{r['width']} | {r['ids']} | {r['batch']} "
                      f"({r['unique_rows']}, {r['hottest_row']}) | {r['wait_ms']:.3f} | "
                      f"{r['no_wait_ms']:.3f} | {r['no_wait_GBps']:.0f} | "
                      + (f"{peer:.3f} | {peer / r['no_wait_ms']:.1f}x |" if peer else "- | - |"))

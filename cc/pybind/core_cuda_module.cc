@@ -158,14 +158,14 @@ void ApplyDenseGroupPy(const std::string& rule, const py::sequence& vars,
     const void* first = nullptr;
     for (int64_t i = 0; i < n; ++i) {
       if (states[i].var.size == 0) continue;
-      const uintptr_t bytes = static_cast<uintptr_t>(states[i].var.size) * sizeof(T);
-      auto add = [&](const void* data, int state) {
-        spans.push_back({reinterpret_cast<uintptr_t>(data),
-                         reinterpret_cast<uintptr_t>(data) + bytes, i, state});
+      // Each buffer's own size: a per-row slot holds one value per row, not var's count.
+      auto add = [&](const DeviceArray& array, int state) {
+        const uintptr_t begin = reinterpret_cast<uintptr_t>(array.data);
+        spans.push_back({begin, begin + static_cast<uintptr_t>(array.size) * sizeof(T), i, state});
       };
-      add(states[i].var.data, 0);
-      for (int k = 0; k < kSlots; ++k) add(states[i].slots[k].data, k + 1);
-      add(states[i].grad.data, -1);
+      add(states[i].var, 0);
+      for (int k = 0; k < kSlots; ++k) add(states[i].slots[k], k + 1);
+      add(states[i].grad, -1);
       if (first == nullptr) first = states[i].var.data;
     }
     if (first == nullptr) return;  // every member is empty

@@ -113,6 +113,33 @@ def test_bad_member_named_and_nothing_written():
     _assert_unchanged(members, dvars, dslots, dtype)
 
 
+def test_per_row_slot_spans_only_its_rows():
+    """A per-row slot ([rows]) is checked for overlap over its own bytes, not var's: an
+    accumulator packed right before the gradient in one buffer is no overlap (both
+    engines once measured it with var's size and refused such groups at random)."""
+    rule, dtype = "row_wise_adagrad", "float32"
+    rng = np.random.default_rng(16)
+    members = _group_state(rule, dtype, [(6, 5), (4, 3)], rng)
+    dvars = [to_device(var) for var, _, _ in members]
+    accums, grads = [], []
+    for var, (accum,), grad in members:
+        packed = to_device(np.concatenate([accum.ravel(), grad.ravel()]))
+        accums.append(packed[:accum.size])
+        grads.append(packed[accum.size:].reshape(grad.shape))
+    core_cuda.apply_dense_group(rule, dvars, [accums], grads, HYPER[rule], {})
+    cp.cuda.runtime.deviceSynchronize()
+    for i, (var, slots, grad) in enumerate(members):
+        check_same(rule, dtype, (to_host(dvars[i], dtype), [to_host(accums[i], dtype)]),
+                   run_cpu(rule, var, slots, grad, HYPER[rule], {}))
+    # One element further and the accumulator does reach into the gradient: refused.
+    var, (accum,), grad = members[0]
+    packed = to_device(np.concatenate([accum.ravel(), grad.ravel()]))
+    with pytest.raises(ValueError, match=r"accum\[0\] and grad\[0\] overlap in memory"):
+        core_cuda.apply_dense_group(rule, [to_device(var)], [[packed[:accum.size]]],
+                                    [packed[accum.size - 1:-1].reshape(grad.shape)],
+                                    HYPER[rule], {})
+
+
 def test_a_buffer_twice_in_the_group_is_refused_and_nothing_written():
     rule, dtype = "lazy_adam", "float32"
     rng = np.random.default_rng(15)

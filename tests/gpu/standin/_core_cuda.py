@@ -267,10 +267,11 @@ def apply_dense_group(rule, vars, slots, grads, hyper, options={}, stream=0,  # 
     for i, (v, s, g, _) in enumerate(members):
         if v.size == 0:
             continue
-        nbytes = v.size * _item_size(v.typestr)
-        spans += [(v.ptr, v.ptr + nbytes, f"var[{i}]", True)]
-        spans += [(x.ptr, x.ptr + nbytes, f"{name}[{i}]", True) for name, x in zip(slot_names, s)]
-        spans += [(g.ptr, g.ptr + nbytes, f"grad[{i}]", False)]
+        def span(a, label, written):  # each array's own size (a per-row slot: one per row)
+            return (a.ptr, a.ptr + a.size * _item_size(a.typestr), f"{label}[{i}]", written)
+        spans += [span(v, "var", True)]
+        spans += [span(x, name, True) for name, x in zip(slot_names, s)]
+        spans += [span(g, "grad", False)]
     if not spans:
         return
     spans.sort(key=lambda x: x[0])

@@ -1,5 +1,5 @@
 """A CPU stand-in for the few CuPy calls tests/gpu makes (selected by FUSEDOPT_GPU_STANDIN=1,
-see tests/gpu/conftest.py): device arrays (ndarray: shape, dtype, view, basic slicing,
+see tests/gpu/conftest.py): device arrays (ndarray: shape, dtype, view, reshape, basic slicing,
 .data.ptr, __cuda_array_interface__), asarray/asnumpy, cuda.Stream, cuda.runtime.
 "Device" memory is host memory; streams defer work as _device.py describes. With the
 _core_cuda stand-in beside it, it proves the GPU tests' logic and harness, not the kernels.
@@ -45,6 +45,12 @@ class ndarray:
         if not isinstance(part, np.ndarray) or part.base is None:
             raise NotImplementedError("the stand-in supports basic slicing only")
         return ndarray(part, self._allocation)
+
+    def reshape(self, *shape):
+        """A view in another shape (contiguous arrays only, as a view must be)."""
+        if not self._view.flags.c_contiguous:
+            raise NotImplementedError("the stand-in reshapes C-contiguous arrays only")
+        return ndarray(self._view.reshape(*shape), self._allocation)
 
     def __len__(self):
         return len(self._view)
