@@ -21,6 +21,7 @@ CORE_HDRS = [
     "cc/core/rules/adagrad.h",
     "cc/core/rules/rms_prop.h",
     "cc/core/rules/row_wise_adagrad.h",
+    "cc/core/rules/partial_row_wise_adam.h",
     "cc/core/rules/all_rules.h",
 ]
 
@@ -61,6 +62,7 @@ TF_SRCS = [
     "cc/tf/adagrad.cc",
     "cc/tf/rms_prop.cc",
     "cc/tf/row_wise_adagrad.cc",
+    "cc/tf/partial_row_wise_adam.cc",
     "cc/tf/runtime_info.cc",
     "cc/tf/variable_pack.cc",
 ]

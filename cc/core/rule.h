@@ -107,6 +107,15 @@ constexpr bool HasRowPhase() {
   return false;
 }
 
+// The per-row phase's term of the row-wise rules that average g^2 over a row (row-wise
+// Adagrad's accumulator, partial row-wise Adam's second moment): inherit it.
+struct RowMeanOfSquares {
+  template <typename C>
+  FO_HOST_DEVICE static C RowTerm(C g) {
+    return g * g;
+  }
+};
+
 }  // namespace fusedopt
 
 #endif  // FUSEDOPT_CC_CORE_RULE_H_

@@ -25,8 +25,10 @@ GLOBAL_BATCH = 16
 STEPS = 6
 EPOCHS = 2
 VOCAB, WIDTH, IDS = 40, 4, 3
+# Per-row rules too: their slots (one value per row) live beside each replica's variable.
 OPTIMIZERS = {"LazyAdam": dict(learning_rate=0.05), "Adamax": dict(learning_rate=0.05),
-              "Adagrad": dict(learning_rate=0.3)}
+              "Adagrad": dict(learning_rate=0.3), "RowWiseAdagrad": dict(learning_rate=0.3),
+              "PartialRowWiseAdam": dict(learning_rate=0.05)}
 
 
 def data(kind):

@@ -1,12 +1,14 @@
 """Chief (coordinator) of the ParameterServerStrategy test (tests/distribute/test_distribute.py).
 
     TF_CONFIG=... python ps_chief.py OUT.json --ckpt DIR [--kill_pid PID] [--expect_failure]
+        [--optimizer LazyAdam|RowWiseAdagrad|PartialRowWiseAdam|...]
 
 The ps and worker tasks are ``python -m fusedopt.server`` processes (started by the test,
 or by hand: README "Scaling out").
 Keras model (tf_keras / Keras 2: Keras 3 has no ParameterServerStrategy support) whose
 embedding is split across both parameter servers by ``variable_partitioner``, trained with
-``fusedopt.keras.LazyAdam`` through a ``ClusterCoordinator``:
+``fusedopt.keras.LazyAdam`` (or ``--optimizer``: a per-row rule's slots are split with the
+table's rows) through a ``ClusterCoordinator``:
 
 1. ``sync``: steps scheduled one at a time (join after each) on fixed batches, then the
    same model trained without any strategy: both weight sets go to OUT.
@@ -31,7 +33,6 @@ import tensorflow as tf  # noqa: E402
 VOCAB, WIDTH, IDS, BATCH = 40, 4, 3, 8
 SYNC_STEPS, ASYNC_STEPS, KILL_AFTER, MORE_STEPS = 6, 24, 6, 4
 LR = 0.05
-SPARSE_OP = "FusedOpt>ResourceSparseApplyLazyAdam"
 
 
 def log(*args):
@@ -100,11 +101,16 @@ def main():
     parser.add_argument("out")
     parser.add_argument("--kill_pid", type=int)
     parser.add_argument("--ckpt", required=True)
+    parser.add_argument("--optimizer", default="LazyAdam",
+                        help="the fusedopt.keras class trained (constructed with LR)")
     parser.add_argument("--expect_failure", action="store_true",
                         help="one step only; write the error it raises (ps tasks started "
                              "without the op library)")
     args = parser.parse_args()
     result = {}
+
+    def make_optimizer():
+        return getattr(fusedopt.keras, args.optimizer)(LR)
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     partitioner = tf.distribute.experimental.partitioners.FixedShardsPartitioner(num_shards=2)
@@ -113,7 +119,7 @@ def main():
     log("connected to", resolver.cluster_spec().as_dict())
     with strategy.scope():
         model = build()
-        opt = fusedopt.keras.LazyAdam(LR)
+        opt = make_optimizer()
     emb = model.get_layer("emb").embeddings
     result["embedding_type"] = type(emb).__name__
     result["embedding_devices"] = shard_devices(emb)
@@ -149,9 +155,11 @@ def main():
     log("sync done", losses[-1])
     result["slot_devices"] = [[s.name, s.device] for v in opt.variables
                               for s in getattr(v, "variables", [v])]
+    result["slot_shapes"] = {s.name: s.shape.as_list() for v in opt.variables
+                             for s in getattr(v, "variables", [v])}
 
     local = build()
-    local_opt = fusedopt.keras.LazyAdam(LR)
+    local_opt = make_optimizer()
     local_fn = tf.function(make_step(local, local_opt))
     local_losses = [float(local_fn(tf.constant(xs[i]), tf.constant(ys[i])))
                     for i in range(SYNC_STEPS)]
@@ -210,7 +218,7 @@ def main():
     saved_opt = [np.asarray(v.numpy()).tolist() for v in opt.variables]
     with strategy.scope():
         model2 = build()
-        opt2 = fusedopt.keras.LazyAdam(LR)
+        opt2 = make_optimizer()
         opt2.build(model2.trainable_variables)
     tf.train.Checkpoint(model=model2, optimizer=opt2).read(path).assert_consumed()
     result["restored_equal"] = bool(

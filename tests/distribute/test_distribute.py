@@ -115,11 +115,12 @@ def max_diff(a, b):
 
 
 def check_equal_to_single_device(result, kinds=("dense", "embedding")):
-    assert set(result["runs"]) == {"%s/%s" % (k, o) for k in kinds
-                                   for o in ("LazyAdam", "Adamax", "Adagrad")}
+    rules = {"LazyAdam": "lazy_adam", "Adamax": "adamax", "Adagrad": "adagrad",
+             "RowWiseAdagrad": "row_wise_adagrad", "PartialRowWiseAdam": "partial_row_wise_adam"}
+    assert set(result["runs"]) == {"%s/%s" % (k, o) for k in kinds for o in rules}
     for key, run in result["runs"].items():
         kind, opt = key.split("/")
-        rule = {"LazyAdam": "lazy_adam", "Adamax": "adamax", "Adagrad": "adagrad"}[opt]
+        rule = rules[opt]
         # The fused kernels ran (sparse one for the embedding: IndexedSlices arrived).
         expected = ["%s/dense" % rule] + (["%s/sparse" % rule] if kind == "embedding" else [])
         assert run["kernels"] == expected, key
@@ -220,25 +221,37 @@ def start_cluster(procs, tmp_path, num_ps=2, num_workers=2, server_args=(), plai
     return cluster, {k: p for k, (p, _) in servers.items()}
 
 
+# The classes trained on the partitioned table: (the optimizer's variable scope, the
+# table's slot names); a per-row rule's slots are split along the table's rows too.
+PS_OPTIMIZERS = {"LazyAdam": ("Adam", "mv"),
+                 "RowWiseAdagrad": ("row_wise_adagrad", ["accumulator"])}
+
+
+@pytest.mark.parametrize("optimizer", sorted(PS_OPTIMIZERS))
 @pytest.mark.slow
-def test_parameter_server_strategy_lazy_adam_on_partitioned_embedding(procs, tmp_path):
+def test_parameter_server_strategy_on_partitioned_embedding(procs, tmp_path, optimizer):
     cluster, servers = start_cluster(procs, tmp_path, server_args=["--log_device_placement"])
     tf_config = json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}})
     out = tmp_path / "chief.json"
     victim = servers[("worker", 1)]
     chief = procs.start("chief", [CHIEF, str(out), "--kill_pid", str(victim.pid),
-                                  "--ckpt", str(tmp_path / "ckpt")],
+                                  "--ckpt", str(tmp_path / "ckpt"), "--optimizer", optimizer],
                         _env(TF_CONFIG=tf_config, **LEGACY_KERAS))
     procs.wait(chief, timeout=300)
     r = json.loads(out.read_text())
+    scope, slots = PS_OPTIMIZERS[optimizer]
+    sparse_op = "FusedOpt>ResourceSparseApply" + optimizer
     ps_devices = ["/job:ps/replica:0/task:%d/device:CPU:0" % i for i in range(2)]
 
     # The embedding table is split across both parameter servers, and so are its slots.
     assert r["embedding_type"] == "ShardedVariable"
     assert r["embedding_devices"] == ps_devices
     emb_slots = {tuple(s) for s in r["slot_devices"] if "/emb/" in s[0]}
-    assert emb_slots == {("Adam/%s/emb/embeddings/part_%d:0" % (slot, i), ps_devices[i])
-                         for slot in "mv" for i in range(2)}, r["slot_devices"]
+    assert emb_slots == {("%s/%s/emb/embeddings/part_%d:0" % (scope, slot, i), ps_devices[i])
+                         for slot in slots for i in range(2)}, r["slot_devices"]
+    per_row = optimizer != "LazyAdam"  # the row-wise rules' slot: one value per row
+    for name, _ in emb_slots:  # each shard's slot covers that shard's 20 rows
+        assert r["slot_shapes"][name] == ([20] if per_row else [20, 4]), r["slot_shapes"]
 
     # Sync phase (one step at a time) equals the same training without any strategy.
     assert r["sync_iterations"] == 6
@@ -252,7 +265,7 @@ def test_parameter_server_strategy_lazy_adam_on_partitioned_embedding(procs, tmp
     # The fused sparse update of each shard was placed on that shard's parameter server.
     placed = {tuple(p) for p in r["fused_op_devices"]}
     for dev in ps_devices:
-        assert ("FusedOpt>ResourceSparseApplyLazyAdam", dev) in placed, placed
+        assert (sparse_op, dev) in placed, placed
     assert all(d.startswith("/job:ps/") for _, d in placed), placed
     # ... and in the cluster's own placement logs (fusedopt.server --log_device_placement):
     # the worker that ran the coordinator's steps placed it on both parameter servers, and
@@ -260,11 +273,11 @@ def test_parameter_server_strategy_lazy_adam_on_partitioned_embedding(procs, tmp
     logged = re.compile(r"\((FusedOpt>\w+)\) placed on: (\S+)")
     worker_log = set(logged.findall(servers[("worker", 0)].log_path.read_text()))
     for dev in ps_devices:
-        assert ("FusedOpt>ResourceSparseApplyLazyAdam", dev) in worker_log, worker_log
+        assert (sparse_op, dev) in worker_log, worker_log
     assert all(d.startswith("/job:ps/") for _, d in worker_log), worker_log
     for i, dev in enumerate(ps_devices):
         ps_log = set(logged.findall(servers[("ps", i)].log_path.read_text()))
-        assert ("FusedOpt>ResourceSparseApplyLazyAdam", dev) in ps_log, ps_log
+        assert (sparse_op, dev) in ps_log, ps_log
         assert {d for _, d in ps_log} == {dev}, ps_log
 
     # A worker killed mid-training: the remaining worker ran every scheduled step.

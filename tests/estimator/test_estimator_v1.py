@@ -25,6 +25,12 @@ OPTIMIZERS = {
                "Adamax"),
     "adagrad": (lambda: fv1.AdagradOptimizer(0.3), "Adagrad", ["accumulator"], [],
                 "Adagrad"),
+    # per-row slots (one value per row of w and emb)
+    "row_wise_adagrad": (lambda: fv1.RowWiseAdagradOptimizer(0.3), "RowWiseAdagrad",
+                         ["accumulator"], [], "RowWiseAdagrad"),
+    "partial_row_wise_adam": (lambda: fv1.PartialRowWiseAdamOptimizer(0.05),
+                              "PartialRowWiseAdam", ["m", "v"],
+                              ["beta1_power", "beta2_power"], "PartialRowWiseAdam"),
 }
 
 
@@ -78,7 +84,10 @@ def _estimator(model_dir, rule, use_resource):
 
 
 @pytest.mark.parametrize("rule,use_resource", [("lazy_adam", True), ("adamax", True),
-                                               ("adagrad", True), ("lazy_adam", False)])
+                                               ("adagrad", True), ("lazy_adam", False),
+                                               ("row_wise_adagrad", True),
+                                               ("partial_row_wise_adam", True),
+                                               ("partial_row_wise_adam", False)])
 def test_estimator_trains_and_resumes(tmp_path, rule, use_resource):
     _, name, slots, powers, op_suffix = OPTIMIZERS[rule]
     _OP_TYPES.clear()
@@ -99,6 +108,9 @@ def test_estimator_trains_and_resumes(tmp_path, rule, use_resource):
             assert "%s/%s%s" % (var, name, suffix[s]) in names
     for p in powers:
         assert p in names
+    per_row = {"row_wise_adagrad": "accumulator", "partial_row_wise_adam": "v"}.get(rule)
+    if per_row:  # one value per row of the table, in the checkpoint too
+        assert est.get_variable_value("emb/%s%s" % (name, suffix[per_row])).shape == (ROWS,)
     assert est.get_variable_value("global_step") == 15
 
     loss0 = _loss_np(np.zeros([FEATURES, 1]), np.zeros([ROWS, DIM]))

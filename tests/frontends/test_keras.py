@@ -523,8 +523,12 @@ def test_new_rule_fit_save_load_goes_on_identically(rule, tmp_path):
     assert type(loaded.optimizer) is CLASSES[rule]
     shapes = [tuple(v.shape) for v in model.optimizer.variables]
     assert [tuple(v.shape) for v in loaded.optimizer.variables] == shapes
+    # The embedding's slots in the rule's layouts: one per-row slot of shape [rows] each.
     embedding = model.trainable_variables[0]
-    assert (embedding.shape[0],) in shapes and tuple(embedding.shape) not in shapes[2:]
+    per_row = [npref.slot_shape(rule, name, embedding.shape) == (embedding.shape[0],)
+               for name in npref.RULES[rule]["slots"]]
+    assert shapes.count((embedding.shape[0],)) == sum(per_row)
+    assert shapes[2:].count(tuple(embedding.shape)) == len(per_row) - sum(per_row)
     for a, b in zip(model.optimizer.variables, loaded.optimizer.variables):
         np.testing.assert_array_equal(np.asarray(a.numpy()), np.asarray(b.numpy()))
     model.fit(x, y, batch_size=16, epochs=1, shuffle=False, verbose=0)

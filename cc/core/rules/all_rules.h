@@ -5,6 +5,7 @@
 
 #include "cc/core/rules/adagrad.h"
 #include "cc/core/rules/lazy_adam.h"
+#include "cc/core/rules/partial_row_wise_adam.h"
 #include "cc/core/rules/adamax.h"
 #include "cc/core/rules/rms_prop.h"
 #include "cc/core/rules/row_wise_adagrad.h"
@@ -20,7 +21,8 @@ struct RuleList {
   }
 };
 
-using AllRules = RuleList<LazyAdamRule, AdamaxRule, AdagradRule, RmsPropRule, RowWiseAdagradRule>;
+using AllRules = RuleList<LazyAdamRule, AdamaxRule, AdagradRule, RmsPropRule, RowWiseAdagradRule,
+                          PartialRowWiseAdamRule>;
 
 }  // namespace fusedopt
 

@@ -8,14 +8,15 @@
 #define FUSEDOPT_CC_CORE_RULES_ROW_WISE_ADAGRAD_H_
 
 #include "cc/core/rule.h"
+#include "cc/core/rules/adagrad.h"
 
 namespace fusedopt {
 
-struct RowWiseAdagradRule {
+struct RowWiseAdagradRule : RowMeanOfSquares {  // RowTerm(g) = g*g
   static constexpr const char* kOpName = "RowWiseAdagrad";
   static constexpr const char* kPyName = "row_wise_adagrad";
   static constexpr std::array<SlotDecl, 1> kSlots = {PerRow("accum")};
-  static constexpr std::array<const char*, 2> kHyper = {"lr", "epsilon"};
+  static constexpr auto kHyper = AdagradRule::kHyper;  // Adagrad's lr and epsilon
   static constexpr std::array<RuleOption, 0> kOptions = {};
 
   template <typename C>
@@ -27,11 +28,6 @@ struct RowWiseAdagradRule {
   static Params<C> Prepare(const C* h, const bool*) {
     constexpr int lr = Index(kHyper, "lr"), epsilon = Index(kHyper, "epsilon");
     return {h[lr], h[epsilon]};
-  }
-
-  template <typename C>
-  FO_HOST_DEVICE static C RowTerm(C g) {
-    return g * g;
   }
 
   // Returns the row's multiplier lr / (sqrt(accum) + eps).

@@ -143,6 +143,13 @@ RULES = {
                                  lambda fk: fk.RowWiseAdagrad(
                                      LR, initial_accumulator_value=ADAGRAD_INITIAL_ACCUMULATOR,
                                      epsilon=EPS))),
+    # FBGEMM's PARTIAL_ROWWISE_ADAM (GPU only there); no TF or Keras class.
+    "partial_row_wise_adam": RuleContenders(
+        slots=("m", "v"), slot_init=0.0, hyper=adam_hyper,
+        keras=None, tf_dense_kernel=None, per_row=("v",),
+        fusedopt_keras=Optimizer("fusedopt.keras.PartialRowWiseAdam", "lazy",
+                                 libraries.fusedopt_keras,
+                                 lambda fk: fk.PartialRowWiseAdam(LR, BETA1, BETA2, EPS))),
     "rms_prop": RuleContenders(
         slots=("ms", "mom"), slot_init=0.0, hyper=rms_prop_hyper,
         keras=Optimizer("tf.keras RMSprop", "dense", libraries.tensorflow,

@@ -23,7 +23,7 @@ import tensorflow as tf
 from fusedopt import rules as _rules
 from fusedopt import _dispatch, _packs
 from fusedopt.rules._front import (LearningRate, Power, bind_new_optimizer,
-                                   new_optimizer_signature)
+                                   new_optimizer_base, new_optimizer_signature)
 
 _optimizers = tf.keras.optimizers
 _register = tf.keras.utils.register_keras_serializable(package="fusedopt")
@@ -197,7 +197,9 @@ def _new_optimizer(rule, spec):
     new = spec.new
     declared = _rules.SPECS[rule]
     per_row = [declared["slot_layouts"][s] == "per_row" for s in declared["slots"]]
-    keras3 = "learning_rate" not in inspect.signature(_optimizers.Optimizer.__init__).parameters
+    # Keras 2's optimizer (Keras 2.15, tf_keras) builds its learning rate in the subclass
+    # (_build_learning_rate); Keras 3's base takes it. (Neither base's signature names it.)
+    keras3 = not hasattr(_optimizers.Optimizer, "_build_learning_rate")
     signature = new_optimizer_signature(new)
     base = _optimizers.Optimizer
 
@@ -244,16 +246,10 @@ def _new_optimizer(rule, spec):
                                self._hyper(variable, learning_rate), spec.options,
                                composed=True)
 
-    def get_config(self):
-        config = base.get_config(self)
-        config.update({argument: getattr(self, argument) for argument, _ in new.arguments})
-        return config
-
-    __init__.__signature__ = signature
-    return type("_" + spec.name + "Base", (base,), {
-        "__init__": __init__, "build": build, "update_step": update_step,
-        "get_config": get_config, "__module__": __name__,
-        "__doc__": "fusedopt's own Keras optimizer base of %s." % spec.name})
+    return new_optimizer_base(
+        spec, base, signature,
+        {"__init__": __init__, "build": build, "update_step": update_step},
+        __name__, "Keras optimizer")
 
 
 def _make_class(rule, spec):

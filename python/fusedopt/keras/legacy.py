@@ -18,7 +18,8 @@ import tensorflow as tf
 
 from fusedopt import rules as _rules
 from fusedopt import _dispatch, _packs
-from fusedopt.rules._front import bind_new_optimizer, new_optimizer_signature
+from fusedopt.rules._front import (bind_new_optimizer, new_optimizer_base,
+                                   new_optimizer_signature)
 
 
 def _keras2():
@@ -156,11 +157,16 @@ def _new_optimizer(rule, spec):
                 shape = var.shape[:1] if row_wise else var.shape
                 self.add_slot(var, slot_name, _keras.initializers.Constant(value), shape=shape)
 
+    powers = dict(new.powers)
+
     def _prepare_local(self, var_device, var_dtype, apply_state):
         base._prepare_local(self, var_device, var_dtype, apply_state)
-        apply_state[(var_device, var_dtype)].update(
-            {key: tf.convert_to_tensor(getattr(self, key), var_dtype)
-             for key in spec.hyper.values() if key != "lr_t"})
+        coefficients = {key: tf.convert_to_tensor(getattr(self, powers.get(key, key)), var_dtype)
+                        for key in spec.hyper.values() if key != "lr_t"}
+        if powers:  # as Keras 2's Adam: beta_1_power = beta_1 ** (iterations + 1)
+            step = tf.cast(self.iterations + 1, var_dtype)
+            coefficients.update({key: tf.pow(coefficients[key], step) for key in powers})
+        apply_state[(var_device, var_dtype)].update(coefficients)
 
     def _composed(self, grad, var, indices, apply_state):
         c = self._coefficients(var, apply_state)
@@ -181,16 +187,14 @@ def _new_optimizer(rule, spec):
         config = base.get_config(self)
         config.update(learning_rate=self._serialize_hyperparameter("learning_rate"),
                       decay=self._initial_decay)
-        config.update({argument: getattr(self, argument) for argument, _ in new.arguments})
         return config
 
-    __init__.__signature__ = signature
-    return type("_" + spec.name + "Base", (base,), {
-        "_HAS_AGGREGATE_GRAD": True, "__init__": __init__, "_create_slots": _create_slots,
-        "_prepare_local": _prepare_local, "_resource_apply_dense": _resource_apply_dense,
-        "_resource_apply_sparse": _resource_apply_sparse, "get_config": get_config,
-        "__module__": __name__,
-        "__doc__": "fusedopt's own Keras 2 optimizer base of %s." % spec.name})
+    return new_optimizer_base(
+        spec, base, signature,
+        {"_HAS_AGGREGATE_GRAD": True, "__init__": __init__, "_create_slots": _create_slots,
+         "_prepare_local": _prepare_local, "_resource_apply_dense": _resource_apply_dense,
+         "_resource_apply_sparse": _resource_apply_sparse, "get_config": get_config},
+        __name__, "Keras 2 optimizer")
 
 
 __all__ = _rules.define_classes(globals(), "LEGACY", lambda rule, spec: _register(

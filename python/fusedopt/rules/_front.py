@@ -48,6 +48,9 @@ class NewOptimizer:
     default_name: str      # the optimizer's name when none is given
     learning_rate: float = 0.001
     check: Optional[Callable] = None  # check(arguments dict): raises ValueError
+    # Keras 2 (its coefficients are apply_state keys): ((key, argument), ...), the argument
+    # raised to the step number (``iterations + 1``), as Adam's ``beta_1_power``.
+    powers: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,3 +141,21 @@ def bind_new_optimizer(new, signature, args, kwargs):
     if new.check is not None:
         new.check(values)
     return values, rest
+
+
+def new_optimizer_base(spec, base, signature, methods, module_name, api):
+    """The class ``_<name>Base(base)`` of a ``NewOptimizer`` spec for one Keras front end:
+    `methods` (``__init__`` takes `signature`), and ``get_config`` adding the spec's
+    arguments to the config of ``methods["get_config"]`` (default: the base's)."""
+    new = spec.new
+    base_config = methods.get("get_config", base.get_config)
+
+    def get_config(self):
+        config = base_config(self)
+        config.update({argument: getattr(self, argument) for argument, _ in new.arguments})
+        return config
+
+    methods["__init__"].__signature__ = signature
+    return type("_" + spec.name + "Base", (base,), {
+        **methods, "get_config": get_config, "__module__": module_name,
+        "__doc__": "fusedopt's own %s base of %s." % (api, spec.name)})
