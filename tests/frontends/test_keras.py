@@ -17,7 +17,6 @@ KERAS3 = hasattr(keras.optimizers.Optimizer, "stateless_apply")  # Keras 3 (not 
 
 import fusedopt.keras as fk
 from fusedopt import ops, rules
-from fusedopt.rules._front import LearningRate, Power
 
 # rule -> its KERAS spec and fusedopt class, for every rule; (fusedopt class, the Keras class
 # it replaces) for the rules Keras has (NEW: fusedopt's own classes, tests at the end).
@@ -38,16 +37,7 @@ def make(rule, which=0, **kwargs):
 
 
 def spec_hyper(rule, opt, step, learning_rate):
-    """The op's hyper-parameters for `step` (1-based), as floats, read off `opt` through
-    the rule's KERAS spec."""
-    out = {}
-    for name, source in SPECS[rule].hyper.items():
-        if isinstance(source, LearningRate):
-            out[name] = learning_rate
-        else:
-            value = float(np.asarray(getattr(opt, source.name)))
-            out[name] = value ** step if isinstance(source, Power) else value
-    return out
+    return harness.keras_spec_hyper(SPECS[rule], opt, step, learning_rate)
 
 
 def _vars(seed, dtype="float32"):

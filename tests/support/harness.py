@@ -63,6 +63,21 @@ def hyper_for(rule, dtype, step):
     return npref.round_hyper(h, dtype)
 
 
+def keras_spec_hyper(spec, opt, step, learning_rate):
+    """The op's hyper-parameters for `step` (1-based), as floats, read off the Keras
+    optimizer `opt` through its rule's KERAS `spec` (fusedopt.rules._front)."""
+    from fusedopt.rules._front import LearningRate, Power
+
+    out = {}
+    for name, source in spec.hyper.items():
+        if isinstance(source, LearningRate):
+            out[name] = learning_rate
+        else:
+            value = float(np.asarray(getattr(opt, source.name)))
+            out[name] = value ** step if isinstance(source, Power) else value
+    return out
+
+
 def make_state(rule, shape, dtype, rng):
     """(var, [slots]) as arrays of `dtype`, slots drawn from their oracle's SLOT_RANGES."""
     dt = np_dtype(dtype)

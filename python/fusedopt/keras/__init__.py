@@ -54,12 +54,51 @@ def _default_name(base):
     return auto_name(base)
 
 
+def _tf_variable(variable):
+    """The tf.Variable of a Keras 3 variable (its ``value``); a tf.Variable itself."""
+    inner = getattr(variable, "value", variable)
+    return variable if callable(inner) else inner  # Keras 2: value() is a method
+
+
 class _FusedUpdate(_packs.PacksOfOptimizer):
     """Mixin: the fused ``update_step`` of a ``Keras`` spec (Keras 3 and Keras 2.15 bases)."""
 
     _fused_rule = None
     _fused_spec = None
     _fused_composed = False  # True: always the composed form (DTensor subclasses)
+    # Set by the constructor (the keyword of the same name, fusedopt's own): weight decay
+    # of the rows a sparse gradient touches only.
+    lazy_weight_decay = False
+
+    def get_config(self):
+        config = super().get_config()
+        if self.lazy_weight_decay:  # only then: the config stays the replaced class's
+            config["lazy_weight_decay"] = True
+        return config
+
+    # Lazy weight decay: Keras decays every weight of every variable before the update
+    # step (``var -= var * weight_decay * lr``), an embedding table's every row each step.
+    # With lazy_weight_decay it happens with each variable's own update instead: the same
+    # expression for a dense gradient, and for a sparse one on the touched rows only (as
+    # lazy Adam leaves untouched rows' moments alone).
+    def _apply_weight_decay(self, variables):
+        if not self.lazy_weight_decay:
+            super()._apply_weight_decay(variables)
+
+    def _lazy_decay(self, gradient, variable, learning_rate):
+        if (not self.lazy_weight_decay or self.weight_decay is None
+                or not self._use_weight_decay(variable)):
+            return
+        dtype = variable.dtype
+        wd = tf.cast(self.weight_decay, dtype)
+        lr = self._lr(variable, learning_rate)
+        if not isinstance(gradient, tf.IndexedSlices):
+            variable.assign_sub(variable * wd * lr)
+            return
+        # Duplicate ids all write the same decayed row (read before any write): one decay.
+        target = _tf_variable(variable)
+        rows = tf.gather(target, gradient.indices)
+        target.scatter_update(tf.IndexedSlices(rows - rows * wd * lr, gradient.indices))
 
     def _slot(self, slots, variable):
         if hasattr(self, "_get_variable_index"):  # Keras 3
@@ -99,6 +138,7 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
         return hyper
 
     def update_step(self, gradient, variable, learning_rate=None):
+        self._lazy_decay(gradient, variable, learning_rate)
         # Settings the rule does not cover (amsgrad, ...) and dtypes the ops do not take
         # (complex, integers): the replaced class's own update, as if unswapped.
         indices = gradient.indices if isinstance(gradient, tf.IndexedSlices) else None
@@ -132,6 +172,8 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
         for grad, var in grads_and_vars:
             (grouped if _dispatch.groupable(var, grad) else rest).append((grad, var))
         if grouped:
+            for grad, var in grouped:
+                self._lazy_decay(grad, var, learning_rate)
             spec = self._fused_spec
             _dispatch.apply_group(
                 self._fused_rule,
@@ -150,7 +192,11 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
 # rule's arguments (an ``Args:`` section) and these follow them.
 _BASE_ARGS = """
       weight_decay: if set, decoupled weight decay (``var -= lr*weight_decay*var``) applied
-        before the update, as in Keras.
+        before the update, as in Keras: to every variable, every row, every step.
+      lazy_weight_decay: fusedopt's own (keyword only, default False): with a sparse
+        gradient (``tf.IndexedSlices``, an embedding's) decay only the rows it touches,
+        with the variable's update (as lazy Adam's moments), instead of the whole table
+        every step; dense gradients decay as Keras does. Only in the config when True.
       clipnorm: if set, each gradient is clipped to this norm.
       clipvalue: if set, each gradient is clipped to ``[-clipvalue, clipvalue]``.
       global_clipnorm: if set, the gradients are clipped together to this global norm.
@@ -176,7 +222,7 @@ def _named_as_base(cls, base):
     signature = inspect.signature(base.__init__)
 
     @functools.wraps(base.__init__)  # help() and inspect show the base's arguments
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, lazy_weight_decay=False, **kwargs):
         try:
             named = "name" in signature.bind_partial(self, *args, **kwargs).arguments
         except TypeError:  # arguments the base refuses: its own error, below
@@ -184,9 +230,20 @@ def _named_as_base(cls, base):
         if not named:
             kwargs["name"] = _default_name(base.__name__)  # per instance: Keras numbers them
         super(cls, self).__init__(*args, **kwargs)
+        self.lazy_weight_decay = bool(lazy_weight_decay)
 
+    __init__.__signature__ = _with_lazy_weight_decay(signature)
     cls.__init__ = __init__
     return cls
+
+
+def _with_lazy_weight_decay(signature):
+    """`signature` with fusedopt's keyword-only ``lazy_weight_decay=False`` before **kwargs."""
+    P = inspect.Parameter
+    parameters = list(signature.parameters.values())
+    at = len(parameters) - (parameters[-1].kind == P.VAR_KEYWORD)
+    parameters.insert(at, P("lazy_weight_decay", P.KEYWORD_ONLY, default=False))
+    return signature.replace(parameters=parameters)
 
 
 def _new_optimizer(rule, spec):
@@ -200,7 +257,7 @@ def _new_optimizer(rule, spec):
     # Keras 2's optimizer (Keras 2.15, tf_keras) builds its learning rate in the subclass
     # (_build_learning_rate); Keras 3's base takes it. (Neither base's signature names it.)
     keras3 = not hasattr(_optimizers.Optimizer, "_build_learning_rate")
-    signature = new_optimizer_signature(new)
+    signature = new_optimizer_signature(new, keyword_only=(("lazy_weight_decay", False),))
     base = _optimizers.Optimizer
 
     def __init__(self, *args, **kwargs):
