@@ -1,7 +1,8 @@
 """row_wise_adagrad: FBGEMM's EXACT_ROWWISE_ADAGRAD, one accumulator per row of var (dim 0;
 a scalar var is one row): acc[r] += mean over the row of g², var[r] -= lr/(sqrt(acc[r])+eps)·g[r].
-No TensorFlow op has this math: no anchor cases (FBGEMM's EXACT_ROWWISE_ADAGRAD is to be
-its outside oracle: issue 32, not yet in the suite)."""
+No TensorFlow op has this math: no anchor cases. Its outside oracle is FBGEMM's
+EXACT_ROWWISE_ADAGRAD itself (fbgemm-gpu-cpu 1.9.0 in its own venv, run as a child process):
+tests/core/test_fbgemm_oracle.py compares fusedopt with it step by step (issue 32)."""
 import numpy as np
 
 SLOTS = ["accum"]
