@@ -7,18 +7,20 @@ import platform
 import sys
 import time
 
-from fusedopt.bench import dense, libraries, memory, sparse
+from fusedopt.bench import dense, fbgemm_scenario, libraries, memory, sparse
 from fusedopt.bench.aims import aims
 from fusedopt.bench.config import THREADS, sizes
 from fusedopt.bench.report import CONTENDER_TABLES, markdown, plot
 
 SCENARIOS = ("sparse", "sparse_xla", "dense", "dense_sizes", "scaling", "bandwidth",
-             "many_small")
+             "many_small", "sparse_fbgemm")
 
 
 def run_scenario(name, tf, cfg, progress, quick):
     if name == "scaling":  # its child process must use the same sizes
         return memory.scenario_scaling(tf, cfg, progress, quick)
+    if name == "sparse_fbgemm":  # so must its children (one per thread count)
+        return fbgemm_scenario.scenario_sparse_fbgemm(tf, cfg, progress, quick)
     scenario = {"sparse": sparse.scenario_sparse, "sparse_xla": sparse.scenario_sparse_xla,
                 "dense": dense.scenario_dense, "dense_sizes": dense.scenario_dense_sizes,
                 "bandwidth": memory.scenario_bandwidth,
@@ -35,6 +37,7 @@ def parse_args(argv):
     p.add_argument("--out", default="bench_results", help="directory for results.json and the plot")
     p.add_argument("--markdown", help="also write the markdown report to this file")
     p.add_argument("--table-scaling-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--fbgemm-child", type=int, metavar="THREADS", help=argparse.SUPPRESS)
     p.add_argument("--scenarios", default=",".join(SCENARIOS),
                    help="comma-separated subset to (re)run; the others are kept from "
                         "<out>/results.json when it exists")
@@ -46,12 +49,12 @@ def parse_args(argv):
     return args
 
 
-def import_tensorflow():
+def import_tensorflow(threads=THREADS):
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 
     tf.get_logger().setLevel("ERROR")  # each contender has its own tf.function: no retrace noise
-    tf.config.threading.set_intra_op_parallelism_threads(THREADS)
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     return tf
 
@@ -93,6 +96,8 @@ def mismatches(results):
     found = [(block, table, name) for _, block in CONTENDER_TABLES
              for table, rows in results.get(block, {}).items() for name, r in rows.items()
              if not name.startswith("_") and not r["match"]]
+    found += [("sparse_fbgemm", r["table_rows"], r["fbgemm"])
+              for r in results.get("sparse_fbgemm", {}).get("rows", []) if not r["match"]]
     return found + [("many_small", name) for name, r in results.get("many_small", {}).items()
                     if not name.startswith("_") and not r["match"]]
 
@@ -108,10 +113,12 @@ def write_report(results, args, argv):
 
 def main(argv=None):
     args = parse_args(argv)
-    tf = import_tensorflow()
+    tf = import_tensorflow(args.fbgemm_child or THREADS)
     cfg = sizes(args.quick)
     if args.table_scaling_child:  # run by scenario_scaling with huge pages off
         return memory.table_scaling_child(tf, cfg)
+    if args.fbgemm_child:  # run by scenario_sparse_fbgemm, at another thread count
+        return fbgemm_scenario.child(tf, cfg)
     os.makedirs(args.out, exist_ok=True)
     started = time.time()
 

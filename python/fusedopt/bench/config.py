@@ -11,7 +11,8 @@ def sizes(quick):
                     dense_params=4096, dense_steps=3, bandwidth_params=1 << 16,
                     touched=[16, 64], tables=[1000, 4000],
                     scaling_table=4000, scaling_ids=64, scaling_steps=3,
-                    small_pairs=10, small_dim=8, small_steps=2, small_loop_steps=3, dense_sizes=[4096, 16384], xla_tables=[500, 2000])
+                    small_pairs=10, small_dim=8, small_steps=2, small_loop_steps=3, dense_sizes=[4096, 16384], xla_tables=[500, 2000],
+                    fbgemm_tables=[2000, 500], fbgemm_threads=[1, 2])
     return dict(rows=1_000_000, dim=64, ids=16_384, check_steps=3, steps=20, repeats=5,
                 dense_params=16 * 2**20, dense_steps=10, bandwidth_params=1 << 27,
                 touched=[1024, 4096, 16384, 65536, 262144],
@@ -19,4 +20,5 @@ def sizes(quick):
                 scaling_table=1_000_000, scaling_ids=16_384, scaling_steps=20,
                 small_pairs=500, small_dim=64, small_steps=10, small_loop_steps=10,
                 dense_sizes=[16 * 2**20, 128 * 2**20],
-                xla_tables=[10_000, 1_000_000])
+                xla_tables=[10_000, 1_000_000],
+                fbgemm_tables=[1_000_000, 10_000], fbgemm_threads=[1, 2])

@@ -86,6 +86,34 @@ def many_small_section(rows):
     return lines + [""]
 
 
+def fbgemm_section(peer):
+    """FBGEMM's CPU TBE beside fusedopt's sparse ops (scenario sparse_fbgemm)."""
+    lines = ["### FBGEMM CPU beside fusedopt (sparse Adagrad, row-wise Adagrad)", ""]
+    if "_skipped" in peer:
+        return lines + [f"Skipped: {peer['_skipped']}.", ""]
+    versions = peer["_meta"]["versions"]
+    lines += [f"FBGEMM: fbgemm-gpu-cpu {versions['fbgemm_gpu']}, torch {versions['torch']}, "
+              "its own process; HOST/CPU TBE, fp32 weights and output, SUM pooling with one "
+              "id per bag. fusedopt: the raw sparse op (epsilon outside the sqrt) in a "
+              "tf.function. Update: fusedopt's op / FBGEMM's backward; lookup + update: "
+              "tf.gather first / FBGEMM's forward first. x = FBGEMM ms / fusedopt ms "
+              "(above 1: fusedopt faster). Checked: max rel error of FBGEMM's table and "
+              "accumulator after one step against fusedopt's.", "",
+              "| table | unique ids | threads | fusedopt rule | FBGEMM optimizer | step | "
+              "fusedopt ms (min..max) | FBGEMM ms (min..max) | x | checked |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in peer["rows"]:
+        ours, theirs = r["fusedopt"], r["FBGEMM"]
+        lines.append(
+            f"| {r['table_rows']:,} x {r['dim']} | {r['unique_ids']:,} of {r['ids']:,} | "
+            f"{r['threads']} | {r['rule']} | {r['fbgemm']} | {r['mode']} | "
+            f"{ours['median_ms']:.2f} ({ours['min_ms']:.2f}..{ours['max_ms']:.2f}) | "
+            f"{theirs['median_ms']:.2f} ({theirs['min_ms']:.2f}..{theirs['max_ms']:.2f}) | "
+            f"{r['x_fusedopt']:.2f} | {r['max_rel_error']:.1e}"
+            f"{'' if r['match'] else ' **mismatch**'} |")
+    return lines + [""]
+
+
 def aims_section(aims):
     lines = ["### Aims", "", "| aim | value | target | met |", "|---|---|---|---|"]
     return lines + [f"| {a['aim']} | {a['value']:.2f} | {a['target']} | "
@@ -104,6 +132,8 @@ def markdown(results, command):
                                    results["environment"]["config"]["repeats"])
     if "many_small" in results:
         lines += many_small_section(results["many_small"])
+    if "sparse_fbgemm" in results:
+        lines += fbgemm_section(results["sparse_fbgemm"])
     return "\n".join(lines + aims_section(results["aims"])) + "\n"
 
 
