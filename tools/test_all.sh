@@ -7,6 +7,8 @@
 #      GPU harness builds and reports "no GPU: skipped"; an ASan+UBSan build of the op
 #      library and pybind11 module runs the op tests. Without nvcc the CUDA steps are
 #      skipped with one line saying so.
+#      FBGEMM's CPU build gets a venv of its own (tools/setup_fbgemm_env.sh), exported as
+#      FUSEDOPT_FBGEMM_PYTHON to both suites: the row-wise Adagrad oracle, the bench's peer.
 #   2. TF 2.15 (+ Estimator): built with Bazel, full pytest suite against that build,
 #      then `bazel test //...`.
 #   3. Each TensorFlow refuses the other's op library with a clear ImportError.
@@ -25,6 +27,12 @@ tools/install_system_deps.sh
 
 section "TF 2.21: environment"
 py221=$(tools/setup_env.sh 2.21)
+# FBGEMM's CPU build in a venv of its own (its torch and TF crash in one process): the
+# row-wise Adagrad oracle (tests/core/test_fbgemm_oracle.py) and the benchmark's peer; the
+# tests that need it fail without it. ~1 min fresh, ~1 s when it exists.
+section "FBGEMM CPU: environment (tools/setup_fbgemm_env.sh)"
+FUSEDOPT_FBGEMM_PYTHON=$(tools/setup_fbgemm_env.sh)
+export FUSEDOPT_FBGEMM_PYTHON
 section "TF 2.21: release wheel (sdist, then the wheel from it; installed into the venv)"
 wheel=$(FUSEDOPT_WERROR=1 tools/build_wheel.sh "$py221" "$root/build/dist" | tail -n 1)
 # Any fusedopt in the venv (a dev install, an earlier run's wheel) would shadow the wheel.
