@@ -303,9 +303,16 @@ def _new_optimizer(rule, spec):
                                self._hyper(variable, learning_rate), spec.options,
                                composed=True)
 
+    def get_config(self):
+        config = base.get_config(self)
+        if not keras3:  # Keras 2's base leaves the learning rate to its subclasses
+            config["learning_rate"] = self._serialize_hyperparameter(self._learning_rate)
+        return config
+
     return new_optimizer_base(
         spec, base, signature,
-        {"__init__": __init__, "build": build, "update_step": update_step},
+        {"__init__": __init__, "build": build, "update_step": update_step,
+         "get_config": get_config},
         __name__, "Keras optimizer")
 
 
