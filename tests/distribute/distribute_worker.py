@@ -26,9 +26,19 @@ STEPS = 6
 EPOCHS = 2
 VOCAB, WIDTH, IDS = 40, 4, 3
 # Per-row rules too: their slots (one value per row) live beside each replica's variable.
+# "Class:variant": the class with more arguments (lazy weight decay: per replica, with the
+# update, touched rows only).
 OPTIMIZERS = {"LazyAdam": dict(learning_rate=0.05), "Adamax": dict(learning_rate=0.05),
               "Adagrad": dict(learning_rate=0.3), "RowWiseAdagrad": dict(learning_rate=0.3),
-              "PartialRowWiseAdam": dict(learning_rate=0.05)}
+              "PartialRowWiseAdam": dict(learning_rate=0.05),
+              "LazyAdam:lazy_weight_decay": dict(learning_rate=0.05, weight_decay=0.1,
+                                                 lazy_weight_decay=True)}
+
+
+def make_optimizer(opt_name):
+    import fusedopt.keras
+
+    return getattr(fusedopt.keras, opt_name.split(":")[0])(**OPTIMIZERS[opt_name])
 
 
 def data(kind):
@@ -60,13 +70,11 @@ def build(kind):
 
 
 def train(kind, opt_name, strategy=None):
-    import fusedopt.keras
-
     x, y = data(kind)
     scope = strategy.scope() if strategy is not None else _null()
     with scope:
         model = build(kind)
-        opt = getattr(fusedopt.keras, opt_name)(**OPTIMIZERS[opt_name])
+        opt = make_optimizer(opt_name)
         model.compile(optimizer=opt, loss="mse")
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
     if strategy is not None and strategy.extended._in_multi_worker_mode():
@@ -82,13 +90,11 @@ def train_loop(kind, opt_name, strategy=None):
     """Custom loop: strategy.run + optimizer.apply_gradients; under MultiWorkerMirrored
     each worker feeds its half of every global batch. Works with Keras 3 (whose fit does
     not support MultiWorkerMirroredStrategy)."""
-    import fusedopt.keras
-
     x, y = data(kind)
     scope = strategy.scope() if strategy is not None else _null()
     with scope:
         model = build(kind)
-        opt = getattr(fusedopt.keras, opt_name)(**OPTIMIZERS[opt_name])
+        opt = make_optimizer(opt_name)
 
     def replica_fn(xb, yb):
         with tf.GradientTape() as tape:  # this replica's share of the global mean

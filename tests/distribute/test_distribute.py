@@ -116,7 +116,8 @@ def max_diff(a, b):
 
 def check_equal_to_single_device(result, kinds=("dense", "embedding")):
     rules = {"LazyAdam": "lazy_adam", "Adamax": "adamax", "Adagrad": "adagrad",
-             "RowWiseAdagrad": "row_wise_adagrad", "PartialRowWiseAdam": "partial_row_wise_adam"}
+             "RowWiseAdagrad": "row_wise_adagrad", "PartialRowWiseAdam": "partial_row_wise_adam",
+             "LazyAdam:lazy_weight_decay": "lazy_adam"}
     assert set(result["runs"]) == {"%s/%s" % (k, o) for k in kinds for o in rules}
     for key, run in result["runs"].items():
         kind, opt = key.split("/")
