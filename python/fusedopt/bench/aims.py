@@ -1,9 +1,12 @@
 """The issue's aims (targets the benchmark was built to show), for the scenarios present."""
+from fusedopt.bench.convergence import PAIRS_WITHIN_PCT
 from fusedopt.bench.dense import LOOPED
+from fusedopt.bench.state import STATE_AIMS
 
 
 def aim(text, value, target, at_most=False):
-    met = value <= target if at_most else value >= target
+    """An aim's row; value None: not measured (met None)."""
+    met = None if value is None else value <= target if at_most else value >= target
     return {"aim": text, "value": value, "target": ("<= " if at_most else ">= ") + str(target),
             "met": met}
 
@@ -105,6 +108,20 @@ def many_small_aims(rows):
     return out
 
 
+def state_memory_aims(rows):
+    out = []
+    for text, numerator, denominator, target, at_most in STATE_AIMS:
+        a, b = (rows.get(label, {}).get("state_bytes") for label in (numerator, denominator))
+        out.append(aim(text, a / b if a and b else None, target, at_most))
+    return out
+
+
+def convergence_aims(convergence):
+    return [aim(f"held-out log-loss of {p['variant']} above {p['counterpart']}'s, %",
+                p["rel_diff_pct"], PAIRS_WITHIN_PCT, at_most=True)
+            for p in convergence["pairs"]]
+
+
 def aims(results):
     """[{aim, value, target, met}] for the scenarios present in results."""
     rows = []
@@ -121,4 +138,7 @@ def aims(results):
         rows += dense_sizes_aims(results["dense_sizes"])
     if "many_small" in results:
         rows += many_small_aims(results["many_small"])
+    rows += [row for name, of in (("state_memory", state_memory_aims),
+                                  ("convergence", convergence_aims))
+             if name in results for row in of(results[name])]
     return rows + scaling_aims(results.get("scaling", {}))

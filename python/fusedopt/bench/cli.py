@@ -8,6 +8,7 @@ import sys
 import time
 
 from fusedopt.bench import dense, fbgemm_scenario, libraries, memory, sparse
+from fusedopt.bench import convergence, state
 from fusedopt.bench.aims import aims
 from fusedopt.bench.config import THREADS, sizes
 from fusedopt.bench.report import CONTENDER_TABLES, markdown, plot
@@ -15,8 +16,15 @@ from fusedopt.bench.report import CONTENDER_TABLES, markdown, plot
 SCENARIOS = ("sparse", "sparse_xla", "dense", "dense_sizes", "scaling", "bandwidth",
              "many_small", "sparse_fbgemm")
 
+# Embedding-scale state (issue 32): sizes of their own (config.embedding_sizes).
+EMBEDDING_SCALE = {"state_memory": state.scenario_state_memory,
+                   "convergence": convergence.scenario_convergence}
+SCENARIOS += tuple(EMBEDDING_SCALE)
+
 
 def run_scenario(name, tf, cfg, progress, quick):
+    if name in EMBEDDING_SCALE:
+        return EMBEDDING_SCALE[name](tf, progress, quick)
     if name == "scaling":  # its child process must use the same sizes
         return memory.scenario_scaling(tf, cfg, progress, quick)
     if name == "sparse_fbgemm":  # so must its children (one per thread count)
@@ -37,6 +45,7 @@ def parse_args(argv):
     p.add_argument("--out", default="bench_results", help="directory for results.json and the plot")
     p.add_argument("--markdown", help="also write the markdown report to this file")
     p.add_argument("--table-scaling-child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument(state.CHILD_FLAG, type=int, metavar="INDEX", help=argparse.SUPPRESS)
     p.add_argument("--fbgemm-child", type=int, metavar="THREADS", help=argparse.SUPPRESS)
     p.add_argument("--scenarios", default=",".join(SCENARIOS),
                    help="comma-separated subset to (re)run; the others are kept from "
@@ -117,6 +126,8 @@ def main(argv=None):
     cfg = sizes(args.quick)
     if args.table_scaling_child:  # run by scenario_scaling with huge pages off
         return memory.table_scaling_child(tf, cfg)
+    if args.state_memory_child is not None:  # run by scenario_state_memory, one contender
+        return state.child(tf, args.state_memory_child, args.quick)
     if args.fbgemm_child:  # run by scenario_sparse_fbgemm, at another thread count
         return fbgemm_scenario.child(tf, cfg)
     os.makedirs(args.out, exist_ok=True)

@@ -22,3 +22,14 @@ def sizes(quick):
                 dense_sizes=[16 * 2**20, 128 * 2**20],
                 xla_tables=[10_000, 1_000_000],
                 fbgemm_tables=[1_000_000, 10_000], fbgemm_threads=[1, 2])
+
+
+def embedding_sizes(quick):
+    """Sizes of the embedding-scale scenarios (state_memory, convergence: issue 32)."""
+    if quick:
+        return dict(state=dict(rows=200_000, dim=64, ids=2048, warmup=2, steps=3),
+                    convergence=dict(rows=5_000, dim=8, features=4, hidden=16, batch=256,
+                                     steps=200, evals=2, held_out=8_192))
+    return dict(state=dict(rows=10_000_000, dim=64, ids=16_384, warmup=2, steps=30),
+                convergence=dict(rows=200_000, dim=16, features=4, hidden=32, batch=1024,
+                                 steps=10_000, evals=5, held_out=65_536))

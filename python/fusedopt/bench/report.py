@@ -114,10 +114,80 @@ def fbgemm_section(peer):
     return lines + [""]
 
 
+def _slots(slots):
+    """"2 x 10000000x64 float32": the slots by shape and dtype."""
+    kinds = {}
+    for s in slots:
+        kind = f"{'x'.join(map(str, s['shape']))} {s['dtype']}"
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return " + ".join(f"{n} x {kind}" if n > 1 else kind for kind, n in kinds.items())
+
+
+def state_memory_section(rows):
+    meta = rows["_meta"]
+    lines = [f"### Embedding-scale optimizer state: {meta['rows']:,} x {meta['dim']} float32 "
+             f"table ({meta['table_MB']:,.0f} MB)", "",
+             "Each contender in its own process, one after the other (not interleaved: a "
+             "step time follows the machine's load at that time). State: the optimizer's "
+             "variables but scalars. Peak: the process's VmHWM from the moment only the "
+             "table is resident (reset there); over the table: peak minus that resident "
+             "memory (slots, their initializers' temporaries, the steps' temporaries: "
+             "TensorFlow's CPU allocator keeps what it frees). Step: `apply_gradients` of a "
+             f"`tf.IndexedSlices` of {meta['ids_per_step']:,} Zipf({meta['zipf_a']}) ids in a "
+             f"`tf.function`, median of {meta['steps']} after {meta['warmup_steps']} (and "
+             "after fusedopt's huge-page collapse of the table is done).", "",
+             "| contender | state | state bytes / parameter | state / table | peak MB | "
+             "peak over the table MB | step ms (min..max) |", "|---|---|---|---|---|---|---|"]
+    for label, r in rows.items():
+        if label.startswith("_"):
+            continue
+        if "not_available" in r or "error" in r:
+            why = r.get("not_available") or "failed: " + r["error"]
+            lines.append(f"| {label} | {why} | | | | | |")
+            continue
+        lines.append(f"| {label} | {_slots(r['slots'])} | {r['state_bytes_per_param']:.4g} | "
+                     f"{r['state_vs_table']:.4g} | {r['peak_MB']:,.0f} | "
+                     f"{r['peak_over_table_MB']:,.0f} | {r['median_step_ms']:.2f} "
+                     f"({r['min_step_ms']:.2f}..{r['max_step_ms']:.2f}) |")
+    return lines + [""]
+
+
+def convergence_section(conv):
+    meta = conv["_meta"]
+    steps = [s for s, _ in next((r["curve"] for r in conv["runs"].values() if "curve" in r),
+                                [])]
+    lines = ["### Convergence: synthetic CTR model, held-out log-loss", "",
+             f"One {meta['rows']:,} x {meta['dim']} table, {meta['features']} "
+             f"Zipf({meta['zipf_a']}) ids per example, ReLU tower of {meta['hidden']}, "
+             f"{meta['steps']:,} steps of {meta['batch']:,} examples (the same batches, the "
+             f"same initial weights for every run), tower: {meta['tower_optimizer']}; "
+             f"held-out set of {meta['held_out']:,} (positive rate "
+             f"{meta['held_out_positive_rate']:.3f}); the hidden model's own log-loss "
+             f"there {meta['hidden_model_log_loss']:.4f}.", "",
+             "| table optimizer | arguments | " + " | ".join(f"step {s:,}" for s in steps)
+             + " |", "|---|---|" + "---|" * len(steps)]
+    for label, r in conv["runs"].items():
+        values = ([f"{loss:.4f}" for _, loss in r["curve"]] if "curve" in r
+                  else [r["not_available"]] + [""] * (len(steps) - 1))
+        lines.append(f"| {label} | {json.dumps(r['kwargs'])} | " + " | ".join(values) + " |")
+    lines += ["", "| variant | counterpart | log-loss above the counterpart's | as a share of "
+              "the counterpart's excess over the hidden model | the same at steps "
+              + ", ".join(f"{s:,}" for s in steps[1:]) + " |", "|---|---|---|---|---|"]
+    for p in conv["pairs"]:
+        pct = p["rel_diff_pct"]
+        lines.append(f"| {p['variant']} | {p['counterpart']} | " + (
+            "not measured | | |" if pct is None else
+            f"{pct:+.2f}% | {p['of_excess_over_hidden_pct']:+.1f}% | "
+            + ", ".join(f"{x:+.2f}%" for _, x in p["rel_diff_pct_curve"]) + " |"))
+    return lines + [""]
+
+
 def aims_section(aims):
     lines = ["### Aims", "", "| aim | value | target | met |", "|---|---|---|---|"]
-    return lines + [f"| {a['aim']} | {a['value']:.2f} | {a['target']} | "
-                    f"{'yes' if a['met'] else '**no**'} |" for a in aims]
+    return lines + [f"| {a['aim']} | " + ("not measured | " + a["target"] + " | - |"
+                                         if a["value"] is None else
+                                         f"{a['value']:.2f} | {a['target']} | "
+                                         f"{'yes' if a['met'] else '**no**'} |") for a in aims]
 
 
 def markdown(results, command):
@@ -134,6 +204,9 @@ def markdown(results, command):
         lines += many_small_section(results["many_small"])
     if "sparse_fbgemm" in results:
         lines += fbgemm_section(results["sparse_fbgemm"])
+    lines += sum((section(results[name]) for name, section in (
+        ("state_memory", state_memory_section), ("convergence", convergence_section))
+        if name in results), [])
     return "\n".join(lines + aims_section(results["aims"])) + "\n"
 
 

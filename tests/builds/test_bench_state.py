@@ -1,0 +1,128 @@
+"""The embedding-scale scenarios of ``python -m fusedopt.bench`` (issue 32): optimizer state
+and peak memory per contender (a child process each), and convergence of the compact-state
+rules on the synthetic CTR model. Quick sizes; the numbers checked are exact (state bytes)
+or loose sanity bounds (memory, loss), never speed."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+FULL_STATE = {"keras.optimizers.Adam": 8.0, "keras.optimizers.Adagrad": 4.0,
+              "fusedopt.keras.LazyAdam": 8.0, "fusedopt.keras.Adagrad": 4.0}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench_state")
+    run = subprocess.run(
+        [sys.executable, "-m", "fusedopt.bench", "--quick", "--scenarios",
+         "state_memory,convergence", "--out", str(out), "--markdown", str(out / "report.md")],
+        capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return json.loads((out / "results.json").read_text()), (out / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_state_memory_reports_exact_state_and_sane_memory(results):
+    from fusedopt.bench.state import STATE_CONTENDERS
+
+    rows = results[0]["state_memory"]
+    meta = rows["_meta"]
+    dim, table_mb = meta["dim"], meta["table_MB"]
+    assert dim == 64 and table_mb == meta["rows"] * dim * 4 / 1e6
+    assert set(rows) == {"_meta"} | {c.label for c in STATE_CONTENDERS}
+    measured = {label: r for label, r in rows.items()
+                if not label.startswith("_") and "not_available" not in r}
+    expected = dict(FULL_STATE, **{"fusedopt.keras.RowWiseAdagrad": 4 / dim,
+                                   "fusedopt.keras.PartialRowWiseAdam": 4 + 4 / dim})
+    assert set(expected) <= set(measured), sorted(measured)
+    for label, r in measured.items():
+        assert "error" not in r, (label, r)
+        if label in expected:  # exactly, in bytes (no scalar counted)
+            assert r["state_bytes_per_param"] == expected[label], (label, r)
+            assert r["state_bytes"] == expected[label] * meta["rows"] * dim
+        assert r["state_vs_table"] == pytest.approx(r["state_bytes_per_param"] / 4)
+        assert r["state_bytes"] == sum(s["bytes"] for s in r["slots"])
+        assert r["rss_table_MB"] - r["rss_start_MB"] > 0.9 * table_mb  # the table is resident
+        assert r["peak_MB"] >= r["rss_table_MB"] and r["peak_over_table_MB"] >= 0
+        assert 0 < r["min_step_ms"] <= r["median_step_ms"] <= r["max_step_ms"]
+        assert 0 < r["unique_ids_per_step"] <= meta["ids_per_step"]
+    row_wise = measured["fusedopt.keras.RowWiseAdagrad"]
+    assert [s["shape"] for s in row_wise["slots"]] == [[meta["rows"]]]
+    # The slots a full-state rule writes are resident: at least its state over the table
+    # (quick tables are above glibc's mmap threshold, so this is not allocator noise).
+    for label in FULL_STATE:
+        assert measured[label]["peak_over_table_MB"] > 0.9 * measured[label]["state_bytes"] / 1e6
+    assert row_wise["peak_over_table_MB"] < measured["fusedopt.keras.Adagrad"][
+        "peak_over_table_MB"] - 0.5 * table_mb
+
+
+@pytest.mark.slow
+def test_convergence_runs_every_pair_on_the_same_problem(results):
+    from fusedopt.bench.convergence import PAIRS, RUNS
+
+    conv = results[0]["convergence"]
+    meta = conv["_meta"]
+    assert set(conv["runs"]) == {c.label for c in RUNS}
+    ran = {label: r for label, r in conv["runs"].items() if "not_available" not in r}
+    assert {"fusedopt.keras.Adagrad", "fusedopt.keras.RowWiseAdagrad", "fusedopt.keras.LazyAdam",
+            "fusedopt.keras.PartialRowWiseAdam"} <= set(ran)
+    initial = {r["curve"][0][1] for r in ran.values()}
+    assert len(initial) == 1  # the same initial weights and held-out set for every run
+    (initial,) = initial
+    assert 0.5 < initial < 0.8  # about log 2 from near-zero logits
+    for label, r in ran.items():
+        assert r["curve"][-1][0] == meta["steps"]
+        assert r["held_out_log_loss"] == r["curve"][-1][1]
+        assert meta["hidden_model_log_loss"] < r["held_out_log_loss"] < initial, (label, r)
+    assert [(p["variant"], p["counterpart"]) for p in conv["pairs"]] == list(PAIRS)
+    for p in conv["pairs"]:
+        if p["variant"] in ran and p["counterpart"] in ran:
+            a = ran[p["variant"]]["held_out_log_loss"]
+            b = ran[p["counterpart"]]["held_out_log_loss"]
+            assert p["rel_diff_pct"] == pytest.approx(100 * (a - b) / b)
+        else:
+            assert p["rel_diff_pct"] is None
+
+
+@pytest.mark.slow
+def test_report_and_aims_cover_both_scenarios(results):
+    from fusedopt.bench.state import STATE_AIMS
+
+    data, report = results
+    assert "### Embedding-scale optimizer state" in report
+    assert "### Convergence: synthetic CTR model" in report
+    aims = {a["aim"]: a for a in data["aims"]}
+    for text, *_ in STATE_AIMS:
+        assert text in aims
+    row_wise = aims[STATE_AIMS[0][0]]
+    assert row_wise["value"] == 64 and row_wise["met"]  # 4 bytes a parameter / 4/64
+    assert aims[STATE_AIMS[1][0]]["value"] == pytest.approx((4 + 4 / 64) / 8)
+    for a in aims.values():  # measured or marked not measured, never half of it
+        assert (a["value"] is None) == (a["met"] is None), a
+    assert report.count("| aim |") == 1
+
+
+def test_unavailable_storage_options_are_named_not_raised():
+    from fusedopt.bench.state import Contender, Unavailable
+
+    bogus = Contender("LazyAdam, made-up storage", "fusedopt.keras", "LazyAdam",
+                      {"made_up_storage_option": 1})
+    assert "made_up_storage_option" in bogus.unavailable()
+    with pytest.raises(Unavailable):
+        bogus.make()
+    assert Contender("RowWiseAdagrad", "fusedopt.keras", "RowWiseAdagrad").unavailable() is None
+
+
+def test_aims_of_missing_rows_are_not_measured():
+    from fusedopt.bench import aims
+    from fusedopt.bench.convergence import PAIRS_WITHIN_PCT
+
+    rows = aims.state_memory_aims({"_meta": {}})
+    assert rows and all(r["value"] is None and r["met"] is None for r in rows)
+    pairs = {"pairs": [{"variant": "a", "counterpart": "b", "rel_diff_pct": None},
+                       {"variant": "c", "counterpart": "b", "rel_diff_pct": 2.0}]}
+    met = [r["met"] for r in aims.convergence_aims(pairs)]
+    assert met == [None, 2.0 <= PAIRS_WITHIN_PCT]
