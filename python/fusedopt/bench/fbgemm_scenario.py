@@ -15,7 +15,9 @@ What is timed, per step, with the same (ids, gradient rows) batches on both side
   (returned) / FBGEMM's forward (a SUM-pooled lookup, one id per bag).
 The two processes run one after the other (fusedopt's side first), not interleaved.
 FBGEMM's torch allocates with transparent huge pages (THP_MEM_ALLOC_ENABLE=1) as
-fusedopt's ops advise them for big tables.
+fusedopt's ops advise them for big tables; otherwise FBGEMM runs with its defaults and
+this process's environment (on a 2-vCPU VM its OpenMP stalls at 2 threads unless
+OMP_WAIT_POLICY=PASSIVE: BENCHMARKS.md, "FBGEMM CPU beside fusedopt").
 """
 import json
 import subprocess
