@@ -41,18 +41,21 @@ inline xla::XlaComputation ReplaceComputation(xla::XlaBuilder* parent, xla::Prim
   return b->BuildAndNoteError();
 }
 
-// Running max (forward) or min (backward) along a vector: window of the whole length.
+// Running max (forward) or min (backward) along an S64 vector of n: ceil(log2 n) passes,
+// each combining every element with the one `shift` away (doubling). Not a ReduceWindow of
+// the whole length: XLA:CPU runs that in O(n^2) (200K ids: minutes per call).
 inline xla::XlaOp Scan(xla::XlaOp x, int64_t n, bool forward_max, xla::XlaBuilder* b) {
-  const xla::PrimitiveType type = xla::S64;
-  const std::pair<int64_t, int64_t> padding = forward_max ? std::make_pair(n - 1, int64_t{0})
-                                                          : std::make_pair(int64_t{0}, n - 1);
-  return xla::ReduceWindowWithGeneralPadding(
-      x,
-      forward_max ? xla::ConstantR0<int64_t>(b, std::numeric_limits<int64_t>::min())
-                  : xla::ConstantR0<int64_t>(b, std::numeric_limits<int64_t>::max()),
-      forward_max ? xla::CreateScalarMaxComputation(type, b)
-                  : xla::CreateScalarMinComputation(type, b),
-      {n}, {1}, {}, {}, {padding});
+  const xla::XlaOp identity =
+      xla::ConstantR0<int64_t>(b, forward_max ? std::numeric_limits<int64_t>::min()
+                                              : std::numeric_limits<int64_t>::max());
+  for (int64_t shift = 1; shift < n; shift *= 2) {
+    const xla::XlaOp fill = xla::Broadcast(identity, {shift});
+    const xla::XlaOp shifted =
+        forward_max ? xla::ConcatInDim(b, {fill, xla::SliceInDim(x, 0, n - shift, 1, 0)}, 0)
+                    : xla::ConcatInDim(b, {xla::SliceInDim(x, shift, n, 1, 0), fill}, 0);
+    x = forward_max ? xla::Max(x, shifted) : xla::Min(x, shifted);
+  }
+  return x;
 }
 
 // DuplicateChunkLength element-wise on S64 counts [n]: 32 up to 1024, else ceil(sqrt(count)).

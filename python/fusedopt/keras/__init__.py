@@ -275,13 +275,15 @@ def _new_optimizer(rule, spec):
         shape = tuple(var.shape[:1]) if row_wise else tuple(var.shape)
         if keras3:
             path = getattr(var, "path", None) or str(var.name).replace(":", "_")
+            # Filled in one buffer (Keras's Constant initializer multiplies a second,
+            # slot-sized ones tensor: twice the slot's memory at build for a huge table).
+            def fill(shape, dtype):
+                return tf.fill(shape, tf.cast(value, dtype))
+
             # A Keras variable next to its tf.Variable (a plain tf.Variable: itself).
-            inner = getattr(var, "value", var)
-            with self._distribution_strategy.extended.colocate_vars_with(
-                    var if callable(inner) else inner):
-                return self.add_variable(
-                    shape=shape, initializer=tf.keras.initializers.Constant(value),
-                    dtype=var.dtype, name=path.replace("/", "_") + "_" + slot_name)
+            with self._distribution_strategy.extended.colocate_vars_with(_tf_variable(var)):
+                return self.add_variable(shape=shape, initializer=fill, dtype=var.dtype,
+                                         name=path.replace("/", "_") + "_" + slot_name)
         return self.add_variable_from_reference(
             var, slot_name, shape=tf.TensorShape(shape),
             initial_value=tf.fill(shape, tf.cast(value, var.dtype)))
