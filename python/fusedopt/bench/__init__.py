@@ -1,6 +1,6 @@
 """``python -m fusedopt.bench``: fusedopt against what users would otherwise pick.
 
-Every scenario runs all its contenders in this one process, interleaved (the order
+Every timing scenario runs all its contenders in this one process, interleaved (the order
 rotates every repeat), several repeats, and reports the median step time, the spread
 (min..max over repeats) and each contender's time as a multiple of fusedopt's. Before
 timing, every contender runs the same steps from the same initial values and its
@@ -10,11 +10,15 @@ the benchmark compares like with like. ``--quick`` shrinks every size (CI smoke 
 
 Scenarios: sparse embedding step (every rule), the sparse step under XLA (jit_compile)
 at two table sizes, dense step, scaling with touched rows and with table rows, achieved
-memory bandwidth, many small variables. Outputs: ``<out>/results.json``,
+memory bandwidth, many small variables. Three run apart, each contender in its own
+process: ``sparse_fbgemm`` (FBGEMM's CPU TBE in its own venv, beside our sparse Adagrad
+and row-wise Adagrad), ``state_memory`` (a 10M x 64 table's optimizer state and process
+peak, one child per optimizer: ~14 GB of memory for Keras's Adam) and ``convergence``
+(held-out loss of the row-wise rules against their full-state counterparts). Outputs: ``<out>/results.json``,
 ``<out>/benchmarks.png`` and the markdown report (``--markdown``, e.g. BENCHMARKS.md).
 
 Modules: ``contenders`` (who runs, per rule: the one table to extend), ``sparse``,
-``dense`` and ``memory`` (the scenarios), ``timing`` (checks and interleaved timing),
+``dense``, ``memory``, ``fbgemm_scenario``, ``state``, ``convergence`` (the scenarios), ``timing`` (checks and interleaved timing),
 ``aims``, ``report`` (markdown, plot), ``cli`` (flags, results.json), ``config``.
 """
 from fusedopt.bench.cli import SCENARIOS, main
