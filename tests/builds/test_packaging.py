@@ -411,6 +411,7 @@ def test_test_all_skips_the_cuda_steps_without_nvcc(tmp_path, have_nvcc):
     py = tmp_path / "root" / "fakepython"
     script = _script_sandbox(tmp_path, "test_all.sh", {
         "install_system_deps.sh": "", "setup_env.sh": f"echo {py}",
+        "setup_fbgemm_env.sh": "echo /fake/fbgemm/python",
         "build_wheel.sh": "echo /tmp/fusedopt_tf2.21_cpu-0.2.0-cp311-cp311-manylinux_2_27_x86_64.whl",
         "check_wheel.sh": "", "gpu_check.sh": "", "sanitize.sh": "",
         "bazel_build.sh": "echo /tmp/bazel-pkg/fusedopt", "bazel_test.sh": "",
