@@ -39,25 +39,29 @@ namespace detail {
 // One row of a rule with a per-row phase: var and grad hold the row's n elements, a
 // per-element slots[k] the same, a per-row slots[k] the row's one value. The row phase
 // first (its sum in row_sum.h's order), then every element with the row's values.
-template <typename Rule, typename T, typename G>
+// Slots are stored as S (T, or 16-bit for a float32 var: numeric.h), rounded to nearest
+// or, kStochastic, stochastically; a per-row slot's salt is the row's first element.
+template <typename Rule, typename T, typename S, typename G, bool kStochastic>
 FO_ALWAYS_INLINE void UpdateRowLoop(const ParamsFor<Rule, T>& p, T* __restrict var,
-                                    T* const* slots, const G* __restrict grad, int64_t n) {
+                                    S* const* slots, const G* __restrict grad, int64_t n) {
   using C = ComputeType<T>;
   constexpr int kSlots = NumSlots<Rule>();
   C row_slots[kSlots];
   for (int k = 0; k < kSlots; ++k) row_slots[k] = IsPerRowSlot<Rule>(k) ? Load(*slots[k]) : C(0);
+  const uint32_t row_salt = n > 0 ? SaltBits(Load(var[0])) : 0u;
   const C row = Rule::UpdateRow(p, row_slots, RowSum<Rule, C>(grad, n), static_cast<C>(n));
   for (int k = 0; k < kSlots; ++k) {
-    if (IsPerRowSlot<Rule>(k)) Store(*slots[k], row_slots[k]);
+    if (IsPerRowSlot<Rule>(k)) StoreSlot<kStochastic>(*slots[k], row_slots[k], row_salt, k);
   }
   for (int64_t i = 0; i < n; ++i) {
     C v = Load(var[i]);
+    const uint32_t salt = SaltBits(v);
     C s[kSlots];
     for (int k = 0; k < kSlots; ++k) s[k] = IsPerRowSlot<Rule>(k) ? row_slots[k] : Load(slots[k][i]);
     Rule::Update(p, v, s, C(Load(grad[i])), row);
     Store(var[i], v);
     for (int k = 0; k < kSlots; ++k) {
-      if (!IsPerRowSlot<Rule>(k)) Store(slots[k][i], s[k]);
+      if (!IsPerRowSlot<Rule>(k)) StoreSlot<kStochastic>(slots[k][i], s[k], salt, k);
     }
   }
 }
@@ -66,41 +70,44 @@ FO_ALWAYS_INLINE void UpdateRowLoop(const ParamsFor<Rule, T>& p, T* __restrict v
 // caller's buffer, or ComputeType<T> for a duplicate-summed row. The slot-count
 // specialisations give the compiler restrict pointers so the loop vectorises.
 // Always inlined: it is compiled once per instruction set of UpdateSpan below.
-template <typename Rule, typename T, typename G>
+template <typename Rule, typename T, typename S, typename G, bool kStochastic>
 FO_ALWAYS_INLINE void UpdateSpanLoop(const ParamsFor<Rule, T>& p, T* __restrict var,
-                                     T* const* slots, const G* __restrict grad, int64_t n) {
+                                     S* const* slots, const G* __restrict grad, int64_t n) {
   using C = ComputeType<T>;
   constexpr int kSlots = NumSlots<Rule>();
   if constexpr (HasRowPhase<Rule>()) {
-    UpdateRowLoop<Rule, T, G>(p, var, slots, grad, n);
+    UpdateRowLoop<Rule, T, S, G, kStochastic>(p, var, slots, grad, n);
   } else if constexpr (kSlots == 1) {
-    T* __restrict s0 = slots[0];
+    S* __restrict s0 = slots[0];
     for (int64_t i = 0; i < n; ++i) {
       C v = Load(var[i]);
+      const uint32_t salt = SaltBits(v);
       C s[1] = {Load(s0[i])};
       Rule::Update(p, v, s, Load(grad[i]));
       Store(var[i], v);
-      Store(s0[i], s[0]);
+      StoreSlot<kStochastic>(s0[i], s[0], salt, 0);
     }
   } else if constexpr (kSlots == 2) {
-    T* __restrict s0 = slots[0];
-    T* __restrict s1 = slots[1];
+    S* __restrict s0 = slots[0];
+    S* __restrict s1 = slots[1];
     for (int64_t i = 0; i < n; ++i) {
       C v = Load(var[i]);
+      const uint32_t salt = SaltBits(v);
       C s[2] = {Load(s0[i]), Load(s1[i])};
       Rule::Update(p, v, s, Load(grad[i]));
       Store(var[i], v);
-      Store(s0[i], s[0]);
-      Store(s1[i], s[1]);
+      StoreSlot<kStochastic>(s0[i], s[0], salt, 0);
+      StoreSlot<kStochastic>(s1[i], s[1], salt, 1);
     }
   } else {
     for (int64_t i = 0; i < n; ++i) {
       C v = Load(var[i]);
+      const uint32_t salt = SaltBits(v);
       C s[kSlots];
       for (int k = 0; k < kSlots; ++k) s[k] = Load(slots[k][i]);
       Rule::Update(p, v, s, Load(grad[i]));
       Store(var[i], v);
-      for (int k = 0; k < kSlots; ++k) Store(slots[k][i], s[k]);
+      for (int k = 0; k < kSlots; ++k) StoreSlot<kStochastic>(slots[k][i], s[k], salt, k);
     }
   }
 }
@@ -109,23 +116,37 @@ FO_ALWAYS_INLINE void UpdateSpanLoop(const ParamsFor<Rule, T>& p, T* __restrict 
 // The same loop for CPUs with AVX2: twice the vector width of the x86-64 baseline the
 // library is compiled for. Not FMA: each element's result must not depend on the CPU
 // (the same IEEE operations in the same order, only more lanes at a time).
-template <typename Rule, typename T, typename G>
+template <typename Rule, typename T, typename S, typename G, bool kStochastic>
 __attribute__((target("avx2"))) void UpdateSpanAvx2(const ParamsFor<Rule, T>& p, T* var,
-                                                    T* const* slots, const G* grad, int64_t n) {
-  UpdateSpanLoop<Rule, T, G>(p, var, slots, grad, n);
+                                                    S* const* slots, const G* grad, int64_t n) {
+  UpdateSpanLoop<Rule, T, S, G, kStochastic>(p, var, slots, grad, n);
 }
 #endif
 
-template <typename Rule, typename T, typename G>
-void UpdateSpan(const ParamsFor<Rule, T>& p, T* var, T* const* slots, const G* grad,
-                int64_t n) {
+template <typename Rule, typename T, typename S, typename G, bool kStochastic>
+void UpdateSpanOn(const ParamsFor<Rule, T>& p, T* var, S* const* slots, const G* grad,
+                  int64_t n) {
 #if FUSEDOPT_CPU_DISPATCH
   if (CpuVectorIsa() == VectorIsa::kAvx2) {
-    UpdateSpanAvx2<Rule, T, G>(p, var, slots, grad, n);
+    UpdateSpanAvx2<Rule, T, S, G, kStochastic>(p, var, slots, grad, n);
     return;
   }
 #endif
-  UpdateSpanLoop<Rule, T, G>(p, var, slots, grad, n);
+  UpdateSpanLoop<Rule, T, S, G, kStochastic>(p, var, slots, grad, n);
+}
+
+// `stochastic` (stochastic rounding of the slots) matters only for 16-bit slots; the
+// loops without it are compiled once per S.
+template <typename Rule, typename T, typename S, typename G>
+void UpdateSpan(const ParamsFor<Rule, T>& p, T* var, S* const* slots, const G* grad, int64_t n,
+                bool stochastic) {
+  if constexpr (IsCompactStorage<S>()) {
+    if (stochastic) {
+      UpdateSpanOn<Rule, T, S, G, true>(p, var, slots, grad, n);
+      return;
+    }
+  }
+  UpdateSpanOn<Rule, T, S, G, false>(p, var, slots, grad, n);
 }
 
 // Rows are scattered over tables far larger than the caches, so each row's first
@@ -136,24 +157,26 @@ constexpr int64_t kPrefetchBytes = 1024;  // of each row; the rest streams in
 
 // Where row `row` (of row_size elements) of each slot starts: its per-row value, or its
 // first element.
-template <typename Rule, typename T>
-inline void SlotsAtRow(T* const* slots, int64_t row, int64_t row_size, T** out) {
+template <typename Rule, typename S>
+inline void SlotsAtRow(S* const* slots, int64_t row, int64_t row_size, S** out) {
   for (int k = 0; k < NumSlots<Rule>(); ++k) {
     out[k] = slots[k] + (IsPerRowSlot<Rule>(k) ? row : row * row_size);
   }
 }
 
-template <typename Rule, typename T>
-inline void PrefetchRow(const T* var, T* const* slots, int64_t row, int64_t row_size) {
+template <typename Rule, typename T, typename S>
+inline void PrefetchRow(const T* var, S* const* slots, int64_t row, int64_t row_size) {
   const int64_t row_bytes = row_size * static_cast<int64_t>(sizeof(T));
   const int64_t lines = row_bytes < kPrefetchBytes ? row_bytes : kPrefetchBytes;
-  T* at[NumSlots<Rule>() > 0 ? NumSlots<Rule>() : 1];
+  const int64_t slot_lines = lines * static_cast<int64_t>(sizeof(S)) / static_cast<int64_t>(sizeof(T));
+  S* at[NumSlots<Rule>() > 0 ? NumSlots<Rule>() : 1];
   SlotsAtRow<Rule>(slots, row, row_size, at);
   for (int k = 0; k < NumSlots<Rule>(); ++k) {
     if (IsPerRowSlot<Rule>(k)) __builtin_prefetch(at[k], 1);
   }
   for (int64_t b = 0; b < lines; b += 64) {
     __builtin_prefetch(reinterpret_cast<const char*>(var + row * row_size) + b, 1);
+    if (b >= slot_lines) continue;
     for (int k = 0; k < NumSlots<Rule>(); ++k) {
       if (!IsPerRowSlot<Rule>(k)) __builtin_prefetch(reinterpret_cast<const char*>(at[k]) + b, 1);
     }
@@ -178,12 +201,12 @@ void SumRows(const T* grad, const int64_t* positions, int64_t count, int64_t row
   }
 }
 
-template <typename Rule, typename T>
-void AdviseHugePagesFor(const T* var, T* const* slots, int64_t num_rows, int64_t row_size) {
-  const int64_t row_bytes = static_cast<int64_t>(sizeof(T));
-  AdviseHugePages(var, num_rows * row_size * row_bytes);
+template <typename Rule, typename T, typename S>
+void AdviseHugePagesFor(const T* var, S* const* slots, int64_t num_rows, int64_t row_size) {
+  AdviseHugePages(var, num_rows * row_size * static_cast<int64_t>(sizeof(T)));
   for (int k = 0; k < NumSlots<Rule>(); ++k) {
-    AdviseHugePages(slots[k], num_rows * (IsPerRowSlot<Rule>(k) ? 1 : row_size) * row_bytes);
+    AdviseHugePages(slots[k], num_rows * (IsPerRowSlot<Rule>(k) ? 1 : row_size) *
+                                  static_cast<int64_t>(sizeof(S)));
   }
 }
 
@@ -194,11 +217,11 @@ constexpr int64_t kCyclesPerElement = 12;
 
 // One dense tensor of a group: var and grad hold n elements in rows of row_size
 // (RowSizeOf); a per-element slots[k] n elements, a per-row one a value per row. Only
-// rules with a per-row phase read row_size.
-template <typename Rule, typename T>
+// rules with a per-row phase read row_size. Slots are stored as S (numeric.h).
+template <typename Rule, typename T, typename S = T>
 struct DenseTensor {
   T* var;
-  std::array<T*, NumSlots<Rule>()> slots;
+  std::array<S*, NumSlots<Rule>()> slots;
   const T* grad;
   int64_t n;
   int64_t row_size = 1;
@@ -214,25 +237,26 @@ inline int64_t RowSizeOf(int64_t rank, int64_t first_dim, int64_t num_elements) 
 // Updates every tensor of a group with the same params in one parallel pass over all
 // their elements: small tensors share the threads instead of each paying a dispatch.
 // Each element sees exactly the per-element math of a call on its tensor alone.
-template <typename Rule, typename T>
-void ApplyDenseGroup(const ParamsFor<Rule, T>& p, const DenseTensor<Rule, T>* tensors,
-                     int64_t count, Executor& executor) {
+// `stochastic`: stochastic rounding of 16-bit slots (numeric.h), else to nearest.
+template <typename Rule, typename T, typename S>
+void ApplyDenseGroup(const ParamsFor<Rule, T>& p, const DenseTensor<Rule, T, S>* tensors,
+                     int64_t count, Executor& executor, bool stochastic = false) {
   // Work is cut into blocks of units, elements (a block: a cache-line multiple, so threads
   // never share a line) or, with a per-row phase, whole rows (about as many elements); a
   // block never spans two tensors. first_block[t] is tensor t's first block in the
   // group's numbering.
   constexpr bool kRows = HasRowPhase<Rule>();
   constexpr int64_t kBlock = 1024;
-  auto units = [](const DenseTensor<Rule, T>& x) -> int64_t {
+  auto units = [](const DenseTensor<Rule, T, S>& x) -> int64_t {
     if (!kRows) return x.n;
     return x.row_size == 0 ? 0 : x.n / x.row_size;
   };
-  auto block_units = [](const DenseTensor<Rule, T>& x) -> int64_t {
+  auto block_units = [](const DenseTensor<Rule, T, S>& x) -> int64_t {
     return kRows ? std::max<int64_t>(1, kBlock / std::max<int64_t>(1, x.row_size)) : kBlock;
   };
   std::vector<int64_t> first_block(count + 1, 0);
   for (int64_t t = 0; t < count; ++t) {
-    const DenseTensor<Rule, T>& x = tensors[t];
+    const DenseTensor<Rule, T, S>& x = tensors[t];
     detail::AdviseHugePagesFor<Rule>(x.var, x.slots.data(), units(x), kRows ? x.row_size : 1);
     first_block[t + 1] = first_block[t] + (units(x) + block_units(x) - 1) / block_units(x);
   }
@@ -242,20 +266,21 @@ void ApplyDenseGroup(const ParamsFor<Rule, T>& p, const DenseTensor<Rule, T>* te
                 first_block.begin() - 1;
     for (int64_t b = first; b < last; ++t) {
       if (first_block[t + 1] <= b) continue;  // an empty tensor
-      const DenseTensor<Rule, T>& x = tensors[t];
+      const DenseTensor<Rule, T, S>& x = tensors[t];
       const int64_t stop = std::min(last, first_block[t + 1]);
       const int64_t begin = (b - first_block[t]) * block_units(x);
       const int64_t end = std::min(units(x), (stop - first_block[t]) * block_units(x));
-      std::array<T*, NumSlots<Rule>()> s;
+      std::array<S*, NumSlots<Rule>()> s;
       if constexpr (kRows) {
         for (int64_t row = begin; row < end; ++row) {
           detail::SlotsAtRow<Rule>(x.slots.data(), row, x.row_size, s.data());
-          detail::UpdateSpan<Rule, T, T>(p, x.var + row * x.row_size, s.data(),
-                                         x.grad + row * x.row_size, x.row_size);
+          detail::UpdateSpan<Rule, T, S, T>(p, x.var + row * x.row_size, s.data(),
+                                            x.grad + row * x.row_size, x.row_size, stochastic);
         }
       } else {
         for (int k = 0; k < NumSlots<Rule>(); ++k) s[k] = x.slots[k] + begin;
-        detail::UpdateSpan<Rule, T, T>(p, x.var + begin, s.data(), x.grad + begin, end - begin);
+        detail::UpdateSpan<Rule, T, S, T>(p, x.var + begin, s.data(), x.grad + begin,
+                                          end - begin, stochastic);
       }
       b = stop;
     }
@@ -264,21 +289,21 @@ void ApplyDenseGroup(const ParamsFor<Rule, T>& p, const DenseTensor<Rule, T>* te
 
 // var and grad hold n elements in rows of row_size (RowSizeOf); slots[k] n elements, or
 // per row one.
-template <typename Rule, typename T>
-void ApplyDense(const ParamsFor<Rule, T>& p, T* var, T* const* slots, const T* grad, int64_t n,
-                int64_t row_size, Executor& executor) {
-  DenseTensor<Rule, T> tensor{var, {}, grad, n, row_size};
+template <typename Rule, typename T, typename S>
+void ApplyDense(const ParamsFor<Rule, T>& p, T* var, S* const* slots, const T* grad, int64_t n,
+                int64_t row_size, Executor& executor, bool stochastic = false) {
+  DenseTensor<Rule, T, S> tensor{var, {}, grad, n, row_size};
   for (int k = 0; k < NumSlots<Rule>(); ++k) tensor.slots[k] = slots[k];
-  ApplyDenseGroup<Rule, T>(p, &tensor, 1, executor);
+  ApplyDenseGroup<Rule, T, S>(p, &tensor, 1, executor, stochastic);
 }
 
 // var and per-element slots are [num_rows, row_size], per-row slots [num_rows]; grad is
 // [n, row_size]; indices [n].
 // Returns "" on success, else an error message, in which case nothing was written.
-template <typename Rule, typename T, typename Index>
-std::string ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, int64_t num_rows,
+template <typename Rule, typename T, typename Index, typename S>
+std::string ApplySparse(const ParamsFor<Rule, T>& p, T* var, S* const* slots, int64_t num_rows,
                         int64_t row_size, const T* grad, const Index* indices, int64_t n,
-                        Executor& executor) {
+                        Executor& executor, bool stochastic = false) {
   using C = ComputeType<T>;
   if (n == 0) return "";
   // Grouping checks every index and reads each once (coalesce.h): the rows written below
@@ -295,7 +320,7 @@ std::string ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, in
   const int64_t cost = row_size * detail::kCyclesPerElement * n / groups.size();
   executor.ParallelFor(groups.size(), cost, [&](int64_t first, int64_t last) {
     std::vector<C> summed, partial;  // per block, reused across its rows
-    std::array<T*, NumSlots<Rule>()> s;
+    std::array<S*, NumSlots<Rule>()> s;
     for (int64_t g = first; g < std::min(last, first + detail::kPrefetchRows); ++g) {
       detail::PrefetchRow<Rule>(var, slots, groups.rows[g], row_size);
     }
@@ -308,8 +333,8 @@ std::string ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, in
       const int64_t begin = groups.offsets[g], end = groups.offsets[g + 1];
       if (end - begin == 1) {
         const int64_t position = groups.all_unique() ? begin : groups.positions[begin];
-        detail::UpdateSpan<Rule, T, T>(p, var + offset, s.data(), grad + position * row_size,
-                                       row_size);
+        detail::UpdateSpan<Rule, T, S, T>(p, var + offset, s.data(),
+                                          grad + position * row_size, row_size, stochastic);
         continue;
       }
       // Sum in compute type in the order of sum_order.h (the GPU engine's): each chunk
@@ -322,7 +347,8 @@ std::string ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, in
                         partial);
         for (int64_t i = 0; i < row_size; ++i) summed[i] += partial[i];
       }
-      detail::UpdateSpan<Rule, T, C>(p, var + offset, s.data(), summed.data(), row_size);
+      detail::UpdateSpan<Rule, T, S, C>(p, var + offset, s.data(), summed.data(), row_size,
+                                        stochastic);
     }
   });
   coalescer.ReleaseIfAbove(detail::kMaxRetainedHashSlots);

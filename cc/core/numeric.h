@@ -115,6 +115,76 @@ FO_HOST_DEVICE void Store(bfloat16_t& dst, float x) { dst = ToBfloat16(x); }
 FO_HOST_DEVICE void Store(float& dst, float x) { dst = x; }
 FO_HOST_DEVICE void Store(double& dst, double x) { dst = x; }
 
+// Compact slot storage: a float32 variable may keep its slots as half or bfloat16 (the
+// rules still compute in float32; a slot is rounded once, on store). Rounding is to
+// nearest even, or, opt-in, stochastic: up with probability equal to the dropped
+// fraction, so small increments survive in expectation where nearest would drop them.
+// The random bits are a hash of the value being stored and of a salt (the bits of the
+// variable's element before the update, and the slot's number): deterministic, the same
+// on every run and engine (CPU, CUDA, XLA), and fresh every step the variable moves.
+template <typename S>
+constexpr bool IsCompactStorage() {
+  return sizeof(S) == 2;
+}
+
+// murmur3's 32-bit finaliser: every input bit flips each output bit with p ~ 1/2.
+FO_HOST_DEVICE uint32_t MixBits(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x85ebca6bu;
+  x ^= x >> 13;
+  x *= 0xc2b2ae35u;
+  x ^= x >> 16;
+  return x;
+}
+
+// The random bits for storing `value` into slot number `slot` of an element whose
+// variable held `salt_bits` before the update.
+FO_HOST_DEVICE uint32_t RoundingNoise(float value, uint32_t salt_bits, int slot) {
+  return MixBits(detail::FloatBits(value) ^
+                 MixBits(salt_bits + 0x9e3779b9u * static_cast<uint32_t>(slot + 1)));
+}
+FO_HOST_DEVICE uint32_t SaltBits(float x) { return detail::FloatBits(x); }
+FO_HOST_DEVICE uint32_t SaltBits(double x) {
+  uint64_t u;
+  memcpy(&u, &x, sizeof(u));
+  return static_cast<uint32_t>(u) ^ static_cast<uint32_t>(u >> 32);
+}
+
+// bfloat16 keeps float's top 16 bits: add 16 random bits below them and truncate.
+FO_HOST_DEVICE bfloat16_t ToBfloat16Stochastic(float f, uint32_t noise) {
+  const uint32_t u = detail::FloatBits(f);
+  if ((u & 0x7f800000u) == 0x7f800000u) return ToBfloat16(f);  // Inf, NaN: as nearest
+  return bfloat16_t{static_cast<uint16_t>((u + (noise & 0xffffu)) >> 16)};
+}
+
+// half: the same on the 13 bits its normal range drops; outside that range (subnormal,
+// overflow, Inf, NaN) to nearest.
+FO_HOST_DEVICE half_t ToHalfStochastic(float f, uint32_t noise) {
+  uint32_t u = detail::FloatBits(f);
+  const uint32_t magnitude = u & 0x7fffffffu;
+  if (magnitude < (113u << 23) || magnitude >= (143u << 23)) return ToHalf(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t rounded = (magnitude + ((15u - 127u) << 23) + (noise & 0x1fffu)) >> 13;
+  return half_t{static_cast<uint16_t>(rounded | sign)};  // a carry to 0x7c00 is Inf
+}
+
+FO_HOST_DEVICE void StoreStochastic(half_t& dst, float x, uint32_t noise) {
+  dst = ToHalfStochastic(x, noise);
+}
+FO_HOST_DEVICE void StoreStochastic(bfloat16_t& dst, float x, uint32_t noise) {
+  dst = ToBfloat16Stochastic(x, noise);
+}
+
+// A slot's store: stochastic only where asked and the storage is 16-bit.
+template <bool kStochastic, typename S, typename C>
+FO_HOST_DEVICE void StoreSlot(S& dst, C x, uint32_t salt_bits, int slot) {
+  if constexpr (kStochastic && IsCompactStorage<S>()) {
+    StoreStochastic(dst, x, RoundingNoise(x, salt_bits, slot));
+  } else {
+    Store(dst, x);
+  }
+}
+
 // Math with overloads for both compute types, usable in device code.
 FO_HOST_DEVICE float Sqrt(float x) { return sqrtf(x); }
 FO_HOST_DEVICE double Sqrt(double x) { return sqrt(x); }

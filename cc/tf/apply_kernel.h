@@ -38,6 +38,7 @@ class FusedApply {
  public:
   explicit FusedApply(::tensorflow::OpKernelConstruction* ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("use_locking", &use_exclusive_lock_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("stochastic_rounding", &stochastic_rounding_));
     for (int i = 0; i < NumOptions<Rule>(); ++i) {
       OP_REQUIRES_OK(ctx, ctx->GetAttr(Rule::kOptions[i].name, &options_[i]));
     }
@@ -74,9 +75,10 @@ class FusedApply {
       const char* name = i == 0 ? "var" : Rule::kSlots[i - 1];
       absl::Status status = GetVariable(ctx, i, &state[i]);
       OP_REQUIRES(ctx, status.ok() && state[i].IsInitialized(), UninitializedError(ctx, i, status));
-      OP_REQUIRES(ctx, state[i].dtype() == ::tensorflow::DataTypeToEnum<T>::value,
-                  absl::InvalidArgumentError(DtypeMismatch(
-                      name, state[i].dtype(), ::tensorflow::DataTypeToEnum<T>::value)));
+      const ::tensorflow::DataType want = i == 0 ? ::tensorflow::DataTypeToEnum<T>::value
+                                                 : slot_dtype_;
+      OP_REQUIRES(ctx, state[i].dtype() == want,
+                  absl::InvalidArgumentError(DtypeMismatch(name, state[i].dtype(), want)));
       state_shapes[i] = ToShape(state[i].shape());
     }
     std::array<Shape, kHyper> hyper_shapes;
@@ -110,32 +112,45 @@ class FusedApply {
     }
 
     const auto params = PrepareParams<Rule, Storage>(hyper.data(), options_.data());
-    Storage* var = MutableData<Storage>(state[0]);
-    std::array<Storage*, kSlots> slots;
-    for (int k = 0; k < kSlots; ++k) slots[k] = MutableData<Storage>(state[k + 1]);
-    const Storage* grad_data = DataOf<Storage>(grad);
-    if constexpr (kSparse) {
-      const ::tensorflow::Tensor& indices = ctx->input(kGradInput + 1);
-      const int64_t num_rows = state[0].dim_size(0);
-      const int64_t row_size = num_rows == 0 ? 0 : state[0].NumElements() / num_rows;
-      OP_REQUIRES_OK(ctx, (Engine::template Sparse<Rule, Storage, Index>(
-                              ctx, params, var, slots.data(), num_rows, row_size, grad_data,
-                              DataOf<Index>(indices), indices.NumElements(), check)));
-      if (num_rows_out != nullptr) *num_rows_out = num_rows;
-    } else {
-      const int64_t n = state[0].NumElements();
-      const int64_t row_size =
-          RowSizeOf(state[0].dims(), state[0].dims() == 0 ? 1 : state[0].dim_size(0), n);
-      OP_REQUIRES_OK(ctx, (Engine::template Dense<Rule, Storage>(ctx, params, var, slots.data(),
-                                                                 grad_data, n, row_size)));
-    }
+    OP_REQUIRES_OK(ctx, ForSlotStorage<T>(slot_dtype_, [&](auto slot_storage) {
+      return Update<typename decltype(slot_storage)::type>(ctx, params, state, check,
+                                                           num_rows_out);
+    }));
     // Local equivalent of MaybeForwardRefInputToRefOutput (not exported on TF 2.15).
     if (!IsResource(kVariant)) ctx->forward_ref_input_to_ref_output(0, 0);
   }
 
  private:
+  // The engine on the validated buffers, slots stored as S.
+  template <typename S>
+  absl::Status Update(::tensorflow::OpKernelContext* ctx, const ParamsFor<Rule, Storage>& params,
+                      std::array<::tensorflow::Tensor, 1 + kSlots>& state,
+                      gpu::IndexCheck* check, int64_t* num_rows_out) {
+    Storage* var = MutableData<Storage>(state[0]);
+    std::array<S*, kSlots> slots;
+    for (int k = 0; k < kSlots; ++k) slots[k] = MutableData<S>(state[k + 1]);
+    const ::tensorflow::Tensor& grad = ctx->input(kGradInput);
+    const Storage* grad_data = DataOf<Storage>(grad);
+    if constexpr (kSparse) {
+      const ::tensorflow::Tensor& indices = ctx->input(kGradInput + 1);
+      const int64_t num_rows = state[0].dim_size(0);
+      const int64_t row_size = num_rows == 0 ? 0 : state[0].NumElements() / num_rows;
+      if (num_rows_out != nullptr) *num_rows_out = num_rows;
+      return Engine::template Sparse<Rule, Storage, Index, S>(
+          ctx, params, var, slots.data(), num_rows, row_size, grad_data, DataOf<Index>(indices),
+          indices.NumElements(), check, stochastic_rounding_);
+    } else {
+      const int64_t n = state[0].NumElements();
+      const int64_t row_size =
+          RowSizeOf(state[0].dims(), state[0].dims() == 0 ? 1 : state[0].dim_size(0), n);
+      return Engine::template Dense<Rule, Storage, S>(ctx, params, var, slots.data(), grad_data,
+                                                      n, row_size, stochastic_rounding_);
+    }
+  }
+
   // Runs before anything touches a variable's buffer: every variable's dtype, from the
-  // variable itself (the engine reads the buffer as T). And a variable passed twice would
+  // variable itself (the engine reads var as T, the slots as one storage type: T, or for
+  // a float32 var also bfloat16/half, tf_types.h). And a variable passed twice would
   // be copied apart by copy-on-write or updated as var and slot at once.
   // (A variable deleted or uninitialized since the lookups above reads as uninitialized.)
   // `held` receives the resource variables (null for ref inputs).
@@ -159,7 +174,20 @@ class FusedApply {
         dtype = ::tensorflow::BaseType(ctx->input_dtype(i));
         identity[i] = ctx->input_ref_mutex(i);  // one mutex per ref variable
       }
-      if (dtype != want) return absl::InvalidArgumentError(DtypeMismatch(StateName(i), dtype, want));
+      if (i == 0 && dtype != want) {
+        return absl::InvalidArgumentError(DtypeMismatch(StateName(i), dtype, want));
+      }
+      if (i > 0 && !SlotStorageAllowed<T>(dtype)) {
+        return absl::InvalidArgumentError(SlotDtypeRefused<T>(StateName(i), dtype));
+      }
+      if (i == 1) {
+        slot_dtype_ = dtype;
+      } else if (i > 1 && dtype != slot_dtype_) {
+        return absl::InvalidArgumentError(
+            std::string(StateName(i)) + " has dtype " + ::tensorflow::DataTypeString(dtype) +
+            " but " + StateName(1) + " has " + ::tensorflow::DataTypeString(slot_dtype_) +
+            ": an update's slots are stored in one dtype");
+      }
       for (int j = 0; j < i; ++j) {
         if (identity[j] != identity[i]) continue;
         return absl::InvalidArgumentError(
@@ -240,7 +268,9 @@ class FusedApply {
   }
 
   bool use_exclusive_lock_ = false;
+  bool stochastic_rounding_ = false;
   std::array<bool, NumOptions<Rule>()> options_{};
+  ::tensorflow::DataType slot_dtype_ = ::tensorflow::DataTypeToEnum<T>::value;
 };
 
 // The kernel for every CPU op and the dense GPU ops.

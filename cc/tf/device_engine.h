@@ -33,35 +33,38 @@ struct DeviceEngine<CPUDevice> {
 
   static absl::Status CheckDevice(::tensorflow::OpKernelContext*) { return absl::OkStatus(); }
 
-  template <typename Rule, typename Storage>
+  // Slots are stored as S (var's type, or 16-bit for a float32 var); `stochastic`: their
+  // rounding (numeric.h).
+  template <typename Rule, typename Storage, typename S>
   static absl::Status Dense(::tensorflow::OpKernelContext* ctx,
                             const ParamsFor<Rule, Storage>& params,
-                            Storage* var, Storage* const* slots, const Storage* grad, int64_t n,
-                            int64_t row_size) {
+                            Storage* var, S* const* slots, const Storage* grad, int64_t n,
+                            int64_t row_size, bool stochastic) {
     TfCpuExecutor executor(ctx);
-    ApplyDense<Rule, Storage>(params, var, slots, grad, n, row_size, executor);
+    ApplyDense<Rule, Storage, S>(params, var, slots, grad, n, row_size, executor, stochastic);
     return absl::OkStatus();
   }
 
   // Checks every index before it writes anything. `check` is the GPU's (unused here).
-  template <typename Rule, typename Storage, typename Index>
+  template <typename Rule, typename Storage, typename Index, typename S>
   static absl::Status Sparse(::tensorflow::OpKernelContext* ctx,
                              const ParamsFor<Rule, Storage>& params,
-                             Storage* var, Storage* const* slots, int64_t num_rows,
+                             Storage* var, S* const* slots, int64_t num_rows,
                              int64_t row_size, const Storage* grad, const Index* indices,
-                             int64_t num_indices, gpu::IndexCheck* /*check*/) {
+                             int64_t num_indices, gpu::IndexCheck* /*check*/, bool stochastic) {
     TfCpuExecutor executor(ctx);
-    const std::string error = ApplySparse<Rule, Storage, Index>(
-        params, var, slots, num_rows, row_size, grad, indices, num_indices, executor);
+    const std::string error = ApplySparse<Rule, Storage, Index, S>(
+        params, var, slots, num_rows, row_size, grad, indices, num_indices, executor, stochastic);
     return error.empty() ? absl::OkStatus() : absl::InvalidArgumentError(error);
   }
 
-  template <typename Rule, typename Storage>
+  template <typename Rule, typename Storage, typename S>
   static absl::Status DenseGroup(::tensorflow::OpKernelContext* ctx,
                                  const ParamsFor<Rule, Storage>& params,
-                                 DenseTensor<Rule, Storage>* tensors, int64_t n) {
+                                 DenseTensor<Rule, Storage, S>* tensors, int64_t n,
+                                 bool stochastic) {
     TfCpuExecutor executor(ctx);
-    ApplyDenseGroup<Rule, Storage>(params, tensors, n, executor);
+    ApplyDenseGroup<Rule, Storage, S>(params, tensors, n, executor, stochastic);
     return absl::OkStatus();
   }
 };

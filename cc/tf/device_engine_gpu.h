@@ -23,36 +23,38 @@ struct DeviceEngine<GpuDeviceTag> {
                                        : absl::InternalError("fusedopt: no GPU stream for this op");
   }
 
-  template <typename Rule, typename Storage>
+  template <typename Rule, typename Storage, typename S>
   static absl::Status Dense(::tensorflow::OpKernelContext* ctx,
                             const ParamsFor<Rule, Storage>& params, Storage* var,
-                            Storage* const* slots, const Storage* grad, int64_t n,
-                            int64_t row_size) {
-    return ToAbsl(gpu::ApplyDense<Rule, Storage>(params, var, slots, grad, n, row_size,
-                                                 GpuStreamOf(ctx)));
+                            S* const* slots, const Storage* grad, int64_t n,
+                            int64_t row_size, bool stochastic) {
+    return ToAbsl(gpu::ApplyDense<Rule, Storage, S>(params, var, slots, grad, n, row_size,
+                                                    GpuStreamOf(ctx), stochastic));
   }
 
   // The index check runs on the device; the update kernels write nothing after a bad
   // index, and the verdict reaches *check without the host waiting for it.
-  template <typename Rule, typename Storage, typename Index>
+  template <typename Rule, typename Storage, typename Index, typename S>
   static absl::Status Sparse(::tensorflow::OpKernelContext* ctx,
                              const ParamsFor<Rule, Storage>& params, Storage* var,
-                             Storage* const* slots, int64_t num_rows, int64_t row_size,
+                             S* const* slots, int64_t num_rows, int64_t row_size,
                              const Storage* grad, const Index* indices, int64_t num_indices,
-                             gpu::IndexCheck* check) {
+                             gpu::IndexCheck* check, bool stochastic) {
     TfGpuTempAllocator allocator(ctx);
-    const gpu::Status status = gpu::ApplySparse<Rule, Storage, Index>(
+    const gpu::Status status = gpu::ApplySparse<Rule, Storage, Index, S>(
         params, var, slots, num_rows, row_size, grad, indices, num_indices, allocator,
-        GpuStreamOf(ctx), check);
+        GpuStreamOf(ctx), check, stochastic);
     if (!allocator.status().ok()) return allocator.status();
     return ToAbsl(status);
   }
 
-  template <typename Rule, typename Storage>
+  template <typename Rule, typename Storage, typename S>
   static absl::Status DenseGroup(::tensorflow::OpKernelContext* ctx,
                                  const ParamsFor<Rule, Storage>& params,
-                                 DenseTensor<Rule, Storage>* tensors, int64_t n) {
-    return ToAbsl(gpu::ApplyDenseGroup<Rule, Storage>(params, tensors, n, GpuStreamOf(ctx)));
+                                 DenseTensor<Rule, Storage, S>* tensors, int64_t n,
+                                 bool stochastic) {
+    return ToAbsl(gpu::ApplyDenseGroup<Rule, Storage, S>(params, tensors, n, GpuStreamOf(ctx),
+                                                         stochastic));
   }
 };
 

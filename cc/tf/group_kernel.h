@@ -41,6 +41,7 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
     // use_locking changes nothing: like TF's dense resource ops, the update always holds
     // every variable's lock exclusively.
     OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("stochastic_rounding", &stochastic_rounding_));
     for (int i = 0; i < NumOptions<Rule>(); ++i) {
       OP_REQUIRES_OK(ctx, ctx->GetAttr(Rule::kOptions[i].name, &options_[i]));
     }
@@ -105,9 +106,17 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
     // streaming has evicted from the caches since the last step.
     const ExclusiveLocks locks(vars, *lock_order);
 
-    // Initialized, of dtype T, and the shapes of each variable's slots and gradient match;
+    // Initialized, vars of dtype T, every slot of the group of one storage dtype (var's, or
+    // compact: tf_types.h), and the shapes of each variable's slots and gradient match;
     // gradients aligned to their elements (variable_access.h).
-    const ::tensorflow::DataType want = ::tensorflow::DataTypeToEnum<T>::value;
+    const ::tensorflow::DataType var_dtype = ::tensorflow::DataTypeToEnum<T>::value;
+    ::tensorflow::DataType slot_dtype = var_dtype;
+    if (kSlots > 0 && n_ > 0) {
+      OP_REQUIRES(ctx, HoldsValue(vars[n_]), UninitializedError(ctx, n_, absl::OkStatus()));
+      slot_dtype = vars[n_]->tensor()->dtype();
+      OP_REQUIRES(ctx, SlotStorageAllowed<T>(slot_dtype),
+                  absl::InvalidArgumentError(SlotDtypeRefused<T>(StateName(n_), slot_dtype)));
+    }
     Shape hyper_shapes[kHyper > 0 ? kHyper : 1];  // scalars: checked above
     for (int64_t v = 0; v < n_; ++v) {
       const ::tensorflow::Tensor& grad = ctx->input(first_grad + v);
@@ -120,8 +129,7 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
         const int64_t j = k * n_ + v;
         OP_REQUIRES(ctx, HoldsValue(vars[j]), UninitializedError(ctx, j, absl::OkStatus()));
         const ::tensorflow::Tensor* t = vars[j]->tensor();
-        OP_REQUIRES(ctx, t->dtype() == want,
-                    absl::InvalidArgumentError(DtypeMismatch(StateName(j), t->dtype(), want)));
+        OP_REQUIRES_OK(ctx, CheckStateDtype(j, t->dtype(), var_dtype, slot_dtype));
         same_shapes = same_shapes && t->shape().IsSameSize(grad_shape);
       }
       if (same_shapes) continue;  // what ValidateDense accepts (hyper: scalars, above)
@@ -147,7 +155,7 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
     }
     // Copy-on-write (a read still holds the buffer): the values stay as they are. Then
     // each member's buffer, which stays its own while the locks are held.
-    std::vector<Storage*> state(num_state);
+    std::vector<::tensorflow::Tensor*> state(num_state);
     for (int64_t j = 0; j < num_state; ++j) {
       Var* var = vars[j];
       OP_REQUIRES_OK(ctx, PrepareToUpdate<Device>(ctx, var->tensor(), var->copy_on_read_mode.load()));
@@ -155,25 +163,46 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
       if (!ElementAligned(*var->tensor())) {
         OP_REQUIRES_OK(ctx, RequireElementAligned(StateName(j), *var->tensor()));
       }
-      state[j] = MutableData<Storage>(*var->tensor());
+      state[j] = var->tensor();
     }
-
     const auto params = PrepareParams<Rule, Storage>(hyper.data(), options_.data());
-    std::vector<DenseTensor<Rule, Storage>> tensors(n_);
-    for (int64_t v = 0; v < n_; ++v) {
-      DenseTensor<Rule, Storage>& x = tensors[v];
-      const ::tensorflow::Tensor& grad = ctx->input(first_grad + v);
-      x.var = state[v];
-      for (int k = 0; k < kSlots; ++k) x.slots[k] = state[(k + 1) * n_ + v];
-      x.grad = DataOf<Storage>(grad);
-      x.n = grad.NumElements();  // the variable's: validated above
-      x.row_size = RowSizeOf(grad.dims(), grad.dims() == 0 ? 1 : grad.dim_size(0), x.n);
-    }
-    OP_REQUIRES_OK(ctx, (Engine::template DenseGroup<Rule, Storage>(ctx, params,
-                                                                    tensors.data(), n_)));
+    OP_REQUIRES_OK(ctx, ForSlotStorage<T>(slot_dtype, [&](auto slot_storage) {
+      using S = typename decltype(slot_storage)::type;
+      std::vector<DenseTensor<Rule, Storage, S>> tensors(n_);
+      for (int64_t v = 0; v < n_; ++v) {
+        DenseTensor<Rule, Storage, S>& x = tensors[v];
+        const ::tensorflow::Tensor& grad = ctx->input(first_grad + v);
+        x.var = MutableData<Storage>(*state[v]);
+        for (int k = 0; k < kSlots; ++k) x.slots[k] = MutableData<S>(*state[(k + 1) * n_ + v]);
+        x.grad = DataOf<Storage>(grad);
+        x.n = grad.NumElements();  // the variable's: validated above
+        x.row_size = RowSizeOf(grad.dims(), grad.dims() == 0 ? 1 : grad.dim_size(0), x.n);
+      }
+      return Engine::template DenseGroup<Rule, Storage, S>(ctx, params, tensors.data(), n_,
+                                                           stochastic_rounding_);
+    }));
   }
 
  private:
+  // State j's dtype: var's T; a slot's the group's one slot dtype (that of slot 0 of
+  // variable 0, allowed for T).
+  absl::Status CheckStateDtype(int64_t j, ::tensorflow::DataType got,
+                               ::tensorflow::DataType var_dtype,
+                               ::tensorflow::DataType slot_dtype) const {
+    if (j < n_) {
+      if (got == var_dtype) return absl::OkStatus();
+      return absl::InvalidArgumentError(DtypeMismatch(StateName(j), got, var_dtype));
+    }
+    if (got == slot_dtype) return absl::OkStatus();
+    if (!SlotStorageAllowed<T>(got)) {
+      return absl::InvalidArgumentError(SlotDtypeRefused<T>(StateName(j), got));
+    }
+    return absl::InvalidArgumentError(StateName(j) + " has dtype " +
+                                      ::tensorflow::DataTypeString(got) + " but " + StateName(n_) +
+                                      " has " + ::tensorflow::DataTypeString(slot_dtype) +
+                                      ": an update's slots are stored in one dtype");
+  }
+
   // "var[3]", "m[0]": state input j of the group.
   std::string StateName(int64_t j) const {
     const int64_t k = j / n_;
@@ -194,12 +223,15 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
     return UninitializedVariableError(StateName(j), InputName(ctx, j), cause);
   }
 
-  // RequireElementAligned's test for a tensor of T (checked of dtype T first), per member.
+  // RequireElementAligned's test (dtypes checked first), per member.
   static bool ElementAligned(const ::tensorflow::Tensor& t) {
-    return reinterpret_cast<uintptr_t>(t.tensor_data().data()) % sizeof(Storage) == 0;
+    return reinterpret_cast<uintptr_t>(t.tensor_data().data()) %
+               static_cast<uintptr_t>(::tensorflow::DataTypeSize(t.dtype())) ==
+           0;
   }
 
   int64_t n_ = 0;
+  bool stochastic_rounding_ = false;
   std::array<bool, NumOptions<Rule>()> options_{};
 };
 

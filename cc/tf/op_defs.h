@@ -167,13 +167,27 @@ absl::Status InferShapes(InferenceContext* c, bool sparse, bool ref_output) {
 
 }  // namespace detail
 
+// Every op's attributes past its types: stochastic_rounding (of 16-bit slots: numeric.h),
+// then the rule's options.
+template <typename Rule>
+void AddCommonAttrs(::tensorflow::register_op::OpDefBuilderWrapper& op) {
+  op.Attr("stochastic_rounding: bool = false");
+  for (const RuleOption& option : Rule::kOptions) {
+    op.Attr(std::string(option.name) + ": bool = " + (option.default_value ? "true" : "false"));
+  }
+}
+
 template <typename Rule>
 void RegisterOpDef(Variant variant) {
   const std::string name = OpName(Rule::kOpName, variant);
-  const std::string state_type = IsResource(variant) ? "resource" : "Ref(T)";
+  // Ref slots carry their dtype S (var's, or for a float32 var bfloat16/half: tf_types.h,
+  // checked by the kernel); resource slots are found to be of one at run time.
+  const bool resource = IsResource(variant);
   ::tensorflow::register_op::OpDefBuilderWrapper op(name.c_str());
-  op.Input("var: " + state_type);
-  for (const char* slot : Rule::kSlots) op.Input(std::string(slot) + ": " + state_type);
+  op.Input(std::string("var: ") + (resource ? "resource" : "Ref(T)"));
+  for (const char* slot : Rule::kSlots) {
+    op.Input(std::string(slot) + ": " + (resource ? "resource" : "Ref(S)"));
+  }
   for (const char* hyper : Rule::kHyper) op.Input(std::string(hyper) + ": T");
   op.Input("grad: T");
   if (IsSparse(variant)) {
@@ -186,10 +200,9 @@ void RegisterOpDef(Variant variant) {
     op.SetAllowsUninitializedInput();
   }
   op.Attr(TypeAttr("T", StorageDataTypes()));
+  if (!resource) op.Attr(TypeAttr("S", StorageDataTypes()));
   op.Attr("use_locking: bool = false");
-  for (const RuleOption& option : Rule::kOptions) {
-    op.Attr(std::string(option.name) + ": bool = " + (option.default_value ? "true" : "false"));
-  }
+  AddCommonAttrs<Rule>(op);
   const bool sparse = IsSparse(variant), ref_output = !IsResource(variant);
   op.SetShapeFn([sparse, ref_output](::tensorflow::shape_inference::InferenceContext* c) {
     return detail::InferShapes<Rule>(c, sparse, ref_output);
@@ -296,9 +309,7 @@ void RegisterGroupOpDef(bool packed) {
   op.Attr("N: int >= 1");
   op.Attr(TypeAttr("T", StorageDataTypes()));
   op.Attr("use_locking: bool = false");
-  for (const RuleOption& option : Rule::kOptions) {
-    op.Attr(std::string(option.name) + ": bool = " + (option.default_value ? "true" : "false"));
-  }
+  AddCommonAttrs<Rule>(op);
   op.SetShapeFn(packed ? detail::InferPackedGroupShapes<Rule> : detail::InferGroupShapes<Rule>);
   op.Doc(std::string("Fused dense ") + Rule::kOpName +
          (packed ? " update of the N variables of a member pack (their slots too) in one pass"

@@ -6,8 +6,10 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "cc/core/numeric.h"
 #include "cc/core/validate.h"
 #include "tensorflow/core/framework/tensor_shape.h"
@@ -87,6 +89,40 @@ inline std::string DtypeMismatch(const std::string& name, ::tensorflow::DataType
                                  ::tensorflow::DataType want) {
   return name + " has dtype " + ::tensorflow::DataTypeString(got) + " but the update is for " +
          ::tensorflow::DataTypeString(want);
+}
+
+// Slot storage: the slots of an update share one dtype, var's own or, for a float32 var,
+// bfloat16 or half (compact slots: numeric.h). Every kernel and engine follows this.
+template <typename T>
+bool SlotStorageAllowed(::tensorflow::DataType slot) {
+  if (slot == ::tensorflow::DataTypeToEnum<T>::value) return true;
+  return std::is_same_v<T, float> &&
+         (slot == ::tensorflow::DT_BFLOAT16 || slot == ::tensorflow::DT_HALF);
+}
+
+template <typename T>
+std::string SlotDtypeRefused(const std::string& name, ::tensorflow::DataType got) {
+  const ::tensorflow::DataType want = ::tensorflow::DataTypeToEnum<T>::value;
+  std::string message = DtypeMismatch(name, got, want);
+  if (std::is_same_v<T, float>) return message + " (slots may be float, bfloat16 or half)";
+  if (got == ::tensorflow::DT_BFLOAT16 || got == ::tensorflow::DT_HALF) {
+    return message + " (bfloat16/half slots are for float32 variables)";
+  }
+  return message;
+}
+
+// f(TypeTag<S>{}) with S the core storage type of `slot` (allowed for T: above); returns
+// what f returns.
+template <typename T, typename F>
+absl::Status ForSlotStorage(::tensorflow::DataType slot, F&& f) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (slot == ::tensorflow::DT_BFLOAT16) return f(TypeTag<bfloat16_t>{});
+    if (slot == ::tensorflow::DT_HALF) return f(TypeTag<half_t>{});
+  }
+  if (slot != ::tensorflow::DataTypeToEnum<T>::value) {
+    return absl::InvalidArgumentError(SlotDtypeRefused<T>("slot", slot));
+  }
+  return f(TypeTag<typename StorageOf<T>::type>{});
 }
 
 }  // namespace tf

@@ -36,47 +36,63 @@ def _read(variable):
 
 
 def _assign(targets, values):
-    ops = [t.assign(x, read_value=False) for t, x in zip(targets, values)]
+    # Compact slots (bfloat16/float16 beside a float32 variable) round to nearest on store.
+    ops = [t.assign(tf.cast(x, t.dtype), read_value=False) for t, x in zip(targets, values)]
     return None if tf.executing_eagerly() else tf.group(*ops)
 
 
+def _read_as(variable, dtype):
+    value = _read(variable)
+    return value if value.dtype == dtype else tf.cast(value, dtype)
+
+
 def _composed_dense(rule, variable, slots, grad, hyper, options):
-    old = [_read(variable)] + [_read(s) for s in slots]
+    dtype = variable.dtype.base_dtype
+    old = [_read(variable)] + [_read_as(s, dtype) for s in slots]
     new = getattr(reference, rule)(old[0], *old[1:], grad, **hyper, **options)
     return _assign([variable] + slots, new)
 
 
 def _composed_sparse(rule, variable, slots, values, indices, hyper, options):
     """Lazy sparse update in composed ops (XLA-safe form: no tf.unique, no scatter)."""
+    dtype = variable.dtype.base_dtype
     new_var, new_slots = reference.masked_sparse_update(
-        rule, _read(variable), [_read(s) for s in slots], values, indices, **hyper, **options)
+        rule, _read(variable), [_read_as(s, dtype) for s in slots], values, indices, **hyper,
+        **options)
     return _assign([variable] + slots, [new_var] + list(new_slots))
 
 
 def apply(rule, variable, slots, grad, hyper, options=None, composed=False,
-          use_locking=False):
+          use_locking=False, stochastic_rounding=False):
     """One update of ``variable`` and ``slots`` (in the rule's slot order).
 
     ``hyper``: dict of the rule's hyper-parameters (numbers or tensors, cast to the
     variable's dtype). The gradient is cast to the variable's dtype first, as Keras does.
+    ``stochastic_rounding``: of compact (16-bit) slots; the fused ops only (the composed
+    form rounds to nearest and refuses it).
     Returns the update op in graph mode, None when executing eagerly.
     """
     options = dict(options or {})
     variable = unwrap(variable)
     slots = [unwrap(s) for s in slots]
     dtype = variable.dtype.base_dtype
+    if composed and stochastic_rounding and any(s.dtype != dtype for s in slots):
+        raise ValueError("stochastic rounding of compact slots runs in fusedopt's ops only; "
+                         "the composed form (DTensor layouts) rounds to nearest: "
+                         "stochastic_rounding=False there")
     if isinstance(grad, tf.IndexedSlices):
         values = tf.cast(grad.values, dtype)
         if composed:
             return _composed_sparse(rule, variable, slots, values, grad.indices, hyper,
                                     options)
         return _op(rule, True)(variable, *slots, grad=values, indices=grad.indices,
-                               use_locking=use_locking, **hyper, **options)
+                               use_locking=use_locking, **hyper, **options,
+                               stochastic_rounding=stochastic_rounding)
     grad = tf.cast(grad, dtype)
     if composed:
         return _composed_dense(rule, variable, slots, grad, hyper, options)
     return _op(rule, False)(variable, *slots, grad=grad, use_locking=use_locking, **hyper,
-                            **options)
+                            **options, stochastic_rounding=stochastic_rounding)
 
 
 def _allowed_types(variant, attr_name):
@@ -122,7 +138,8 @@ def groupable(variable, grad):
             and variable.dtype != tf.resource and covers(variable))
 
 
-def apply_group(rule, updates, hyper_for, options=None, use_locking=False, packs=None):
+def apply_group(rule, updates, hyper_for, options=None, use_locking=False, packs=None,
+                stochastic_rounding=False):
     """Dense updates of many variables: one ``resource_group_apply_<rule>`` op per
     (dtype, device) of the variables, in first-seen order.
 
@@ -130,17 +147,21 @@ def apply_group(rule, updates, hyper_for, options=None, use_locking=False, packs
     gives the hyper-parameters dict for a group, from its first variable (they depend on
     the dtype and device only). Gradients are cast to the variable's dtype, as Keras does.
     ``packs``: a ``_packs.PackCache`` to take the groups' member packs from (None: lists).
+    Slots of one group op share one dtype: compact slots go to groups of their own.
     Returns the ops (graph mode) or [] (eager).
     """
     groups = {}
     for variable, slots, grad in updates:
         variable = unwrap(variable)
-        key = (variable.dtype.base_dtype, variable.device)
-        groups.setdefault(key, []).append((variable, [unwrap(s) for s in slots], grad))
+        slots = [unwrap(s) for s in slots]
+        key = (variable.dtype.base_dtype, variable.device,
+               slots[0].dtype.base_dtype if slots else None)
+        groups.setdefault(key, []).append((variable, slots, grad))
     op = getattr(ops, "resource_group_apply_" + rule)
     packed_op = getattr(ops, "resource_packed_group_apply_" + rule)
     results = []
-    for (dtype, device), members in groups.items():
+    options = {**dict(options or {}), "stochastic_rounding": stochastic_rounding}
+    for (dtype, device, _), members in groups.items():
         n_slots = len(members[0][1])
         state = [[m[0] for m in members]] + [[m[1][k] for m in members] for k in range(n_slots)]
         grads = [tf.cast(m[2], dtype) for m in members]
@@ -148,10 +169,10 @@ def apply_group(rule, updates, hyper_for, options=None, use_locking=False, packs
             flat = [v for per_kind in state for v in per_kind]
             if packs is not None and _packs.packable(flat):
                 result = packed_op(packs.handle(flat, device), **hyper_for(members[0][0]),
-                                   grad=grads, use_locking=use_locking, **dict(options or {}))
+                                   grad=grads, use_locking=use_locking, **options)
             else:
                 result = op(*state, **hyper_for(members[0][0]), grad=grads,
-                            use_locking=use_locking, **dict(options or {}))
+                            use_locking=use_locking, **options)
         if result is not None:
             results.append(result)
     return results

@@ -6,7 +6,8 @@ wrapper, ``<variant>_<rule>``: ``apply_lazy_adam``, ``resource_apply_lazy_adam``
 variable and its slots (``tf.Variable`` objects for the ``resource_*`` ops; ref variables —
 ``tf.compat.v1.Variable(use_resource=False)`` in graph mode — for the others), the
 hyper-parameters (Python numbers or tensors; cast to the variable's dtype) and the
-gradient, in the op's input order; then ``use_locking``, the rule's options and ``name``.
+gradient, in the op's input order; then ``use_locking``, the rule's options and ``name``,
+and keyword-only ``stochastic_rounding``.
 Sparse wrappers also take ``indices``: ``grad`` then has shape ``[N] + var.shape[1:]``;
 duplicate indices are summed before each named row is updated once, and rows not named
 are left untouched (lazy updates).
@@ -25,6 +26,12 @@ member).
 
 What the loaded library reports about itself (huge pages, buffer separation, vector
 instruction set) is in ``fusedopt.runtime``; the functions are also here, as before.
+
+Slots are tf.Variables of the variable's dtype or, for a float32 variable, all of
+``bfloat16`` or all of ``float16`` (compact slots: the update computes in float32 and rounds
+each slot once on store, to nearest even, or with ``stochastic_rounding=True``
+stochastically, from bits hashed from the stored value and the variable's old element:
+deterministic, the same on CPU, GPU and XLA).
 
 Updates happen in place. Resource wrappers return the op (graph mode) or None (eager);
 ref wrappers return the updated variable's ref tensor, as TF's ``Apply*`` ops do.
@@ -98,9 +105,11 @@ def _as_dtype(value, dtype):
 # Plain graph-building code: autograph has nothing to convert here (and converting the
 # loader inside a tf.function only produces warnings).
 @tf.autograph.experimental.do_not_convert
-def _apply(rule, variant, var, slots, hyper, grad, indices, use_locking, options, name):
+def _apply(rule, variant, var, slots, hyper, grad, indices, use_locking, options, name,
+           stochastic_rounding=False):
     spec = RULES[rule]
     resource = variant.startswith("resource")
+    options = {**options, "stochastic_rounding": bool(stochastic_rounding)}
     if variant == GROUP_VARIANT:
         return _apply_group(rule, var, slots, hyper, grad, use_locking, options, name)
     if variant == PACKED_GROUP_VARIANT:
@@ -205,7 +214,8 @@ _VARIANT_DOCS = {
 
 def _make_wrapper(rule, variant):
     """``<variant>_<rule>(var, *slots, *hyper, grad, [indices], use_locking=False,
-    **options, name=None)`` with a real signature (help(), inspect, IDEs)."""
+    **options, name=None, *, stochastic_rounding=False)`` with a real signature (help(),
+    inspect, IDEs)."""
     spec = RULES[rule]
     sparse = variant.endswith("sparse_apply")
     packed = variant == PACKED_GROUP_VARIANT
@@ -221,15 +231,17 @@ def _make_wrapper(rule, variant):
         if packed:
             return _apply(rule, variant, a["pack"], [], [a[h] for h in spec["hyper"]],
                           a["grad"], None, a["use_locking"], {o: a[o] for o in spec["options"]},
-                          a["name"])
+                          a["name"], a["stochastic_rounding"])
         return _apply(rule, variant, a["var"], [a[s] for s in spec["slots"]],
                       [a[h] for h in spec["hyper"]], a["grad"], a.get("indices"),
-                      a["use_locking"], {o: a[o] for o in spec["options"]}, a["name"])
+                      a["use_locking"], {o: a[o] for o in spec["options"]}, a["name"],
+                      a["stochastic_rounding"])
 
     P = inspect.Parameter
     wrapper.__signature__ = inspect.Signature(
         [P(n, P.POSITIONAL_OR_KEYWORD) for n in positional]
-        + [P(n, P.POSITIONAL_OR_KEYWORD, default=d) for n, d in keyword])
+        + [P(n, P.POSITIONAL_OR_KEYWORD, default=d) for n, d in keyword]
+        + [P("stochastic_rounding", P.KEYWORD_ONLY, default=False)])
     wrapper.__name__ = wrapper.__qualname__ = f"{variant}_{rule}"
     wrapper.__doc__ = (f"{spec['op_name']} {_VARIANT_DOCS[variant]}.\n\n"
                        f"``{rules.module(rule).MATH}``\n\n"

@@ -30,7 +30,7 @@ import tensorflow as tf
 
 from fusedopt import ops as _fused_ops
 from fusedopt import rules as _rules
-from fusedopt import _dispatch, reference
+from fusedopt import _compact, _dispatch, reference
 from fusedopt.rules._front import REQUIRED, ArgOr, NonSlot
 
 
@@ -56,6 +56,9 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
         arguments = self.__signature__.bind(*args, **kwargs)
         arguments.apply_defaults()
         arguments = dict(arguments.arguments)
+        # fusedopt's own keywords: compact slots (fusedopt._compact).
+        self._slot_dtype = _compact.parse_slot_dtype(arguments.pop("slot_dtype"))
+        self._stochastic_rounding = bool(arguments.pop("stochastic_rounding"))
         if self._SPEC.check is not None:
             self._SPEC.check(arguments)
         super().__init__(arguments.pop("use_locking"), arguments.pop("name"))
@@ -81,8 +84,9 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
         rule = _fused_ops.RULES[self._RULE]
         per_row = [rule["slot_layouts"][name] == "per_row" for name in rule["slots"]]
         for var in var_list:
+            compact = _compact.slot_dtype_for(var.dtype, self._slot_dtype) != var.dtype.base_dtype
             for (slot_name, initial), row_wise in zip(self._SPEC.slots, per_row):
-                if initial is None and not row_wise:
+                if initial is None and not row_wise and not compact:
                     self._zeros_slot(var, slot_name, self._name)
                 else:
                     value = self._arguments[initial] if isinstance(initial, str) else initial
@@ -90,8 +94,8 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
 
     def _filled_slot(self, var, slot_name, value, row_wise=False):
         """A slot filled with `value`: var's shape, or (row_wise) one value per row of var,
-        shape var.shape[:1]."""
-        dtype = var.dtype.base_dtype
+        shape var.shape[:1]; of the slot dtype (compact slots: fusedopt._compact)."""
+        dtype = _compact.slot_dtype_for(var.dtype, self._slot_dtype)
         shape = var.get_shape()[:1] if row_wise else var.get_shape()
         if shape.is_fully_defined():
             init = tf.compat.v1.constant_initializer(value, dtype=dtype)
@@ -159,7 +163,8 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
              for var, grad in pending],
             lambda var: dict(zip(rule_hyper, (tf.cast(h, var.dtype.base_dtype)
                                               for h in self._op_hyper()))),
-            self._SPEC.options, use_locking=self._use_locking)
+            self._SPEC.options, use_locking=self._use_locking,
+            stochastic_rounding=self._stochastic_rounding)
 
     def _finish(self, update_ops, name_scope):
         update_ops = list(update_ops) + self._run_pending_dense()
@@ -200,7 +205,8 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
         if indices is not None:
             args.append(indices)
         fn = getattr(_fused_ops, "%s_%s" % (variant, self._RULE))
-        return fn(*args, use_locking=self._use_locking, **self._SPEC.options)
+        return fn(*args, use_locking=self._use_locking, **self._SPEC.options,
+                  stochastic_rounding=self._stochastic_rounding)
 
     def _composed_update(self, var, grad, indices):
         """Dtypes the ops do not take (complex, ...): the rule in composed TF ops, the
@@ -247,11 +253,14 @@ def _op_of(update):
 
 
 def _signature(spec):
+    """TF's constructor signature, then fusedopt's keyword-only compact-slot options."""
     P = inspect.Parameter
     return inspect.Signature(
         [P("self", P.POSITIONAL_OR_KEYWORD)]
         + [P(name, P.POSITIONAL_OR_KEYWORD, **({} if default is REQUIRED else {"default": default}))
-           for name, default in spec.signature])
+           for name, default in spec.signature]
+        + [P("slot_dtype", P.KEYWORD_ONLY, default=None),
+           P("stochastic_rounding", P.KEYWORD_ONLY, default=False)])
 
 
 def _make_class(rule, spec):
@@ -262,7 +271,8 @@ def _make_class(rule, spec):
     __init__.__signature__ = full  # help() shows TF's constructor
     __init__.__qualname__ = spec.name + ".__init__"
     return type(spec.name, (_FusedOptimizer,), {
-        "_RULE": rule, "_SPEC": spec, "__doc__": spec.doc, "__module__": __name__,
+        "_RULE": rule, "_SPEC": spec, "__doc__": spec.doc + _compact.DOC,
+        "__module__": __name__,
         "__init__": __init__,
         "__signature__": full.replace(parameters=list(full.parameters.values())[1:])})
 

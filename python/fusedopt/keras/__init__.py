@@ -21,11 +21,14 @@ import inspect
 import tensorflow as tf
 
 from fusedopt import rules as _rules
-from fusedopt import _dispatch, _packs
+from fusedopt import _compact, _dispatch, _packs
 from fusedopt.rules._front import (LearningRate, Power, bind_new_optimizer,
                                    new_optimizer_base, new_optimizer_signature)
 
 _optimizers = tf.keras.optimizers
+# Keras 2's optimizer (Keras 2.15, tf_keras) builds its learning rate in the subclass
+# (_build_learning_rate); Keras 3's base takes it. (Neither base's signature names it.)
+_KERAS3 = not hasattr(_optimizers.Optimizer, "_build_learning_rate")
 _register = tf.keras.utils.register_keras_serializable(package="fusedopt")
 
 
@@ -66,15 +69,66 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
     _fused_rule = None
     _fused_spec = None
     _fused_composed = False  # True: always the composed form (DTensor subclasses)
-    # Set by the constructor (the keyword of the same name, fusedopt's own): weight decay
-    # of the rows a sparse gradient touches only.
+    # Set by the constructor (the keywords of the same names, fusedopt's own): weight decay
+    # of the rows a sparse gradient touches only; compact slots (fusedopt._compact).
     lazy_weight_decay = False
+    slot_dtype = None  # a tf.DType (bfloat16, float16) or None
+    stochastic_rounding = False
+    _pending_slot_dtype = None
 
     def get_config(self):
         config = super().get_config()
         if self.lazy_weight_decay:  # only then: the config stays the replaced class's
             config["lazy_weight_decay"] = True
+        config.update(_compact.config(self.slot_dtype, self.stochastic_rounding))
         return config
+
+    def _set_fusedopt_options(self, lazy_weight_decay, slot_dtype, stochastic_rounding):
+        self.lazy_weight_decay = bool(lazy_weight_decay)
+        self.slot_dtype = _compact.parse_slot_dtype(slot_dtype)
+        self.stochastic_rounding = bool(stochastic_rounding)
+        if self.slot_dtype is not None and self._keeps_own_update():
+            raise ValueError(
+                f"slot_dtype={self.slot_dtype.name!r}: compact slots are for fusedopt's fused "
+                "update, and these settings run the Keras class's own (e.g. amsgrad=True)")
+
+    # Compact slots: the rule's slot variables of a float32 variable in slot_dtype. Keras
+    # makes every optimizer variable of a model variable here, the base's own too (EMA
+    # averages, gradient accumulators): those keep the variable's dtype.
+    _BASE_VARIABLES = ("average", "gradient_accumulator")
+
+    def add_variable_from_reference(self, reference_variable, *args, **kwargs):
+        name = kwargs.get("name", args[0] if args else None)
+        dtype = _compact.slot_dtype_for(reference_variable.dtype, self.slot_dtype)
+        if dtype == tf.as_dtype(reference_variable.dtype) or name in self._BASE_VARIABLES:
+            return super().add_variable_from_reference(reference_variable, *args, **kwargs)
+        if not _KERAS3:  # Keras 2.15: (model_variable, variable_name, shape, initial_value)
+            shape = kwargs.get("shape") or reference_variable.shape
+            kwargs["initial_value"] = tf.zeros(shape, dtype)
+        self._pending_slot_dtype = dtype  # add_variable below: Keras 3's base calls it
+        try:
+            return super().add_variable_from_reference(reference_variable, *args, **kwargs)
+        finally:
+            self._pending_slot_dtype = None
+
+    def add_variable(self, *args, **kwargs):
+        if self._pending_slot_dtype is not None:
+            kwargs["dtype"] = self._pending_slot_dtype
+        return super().add_variable(*args, **kwargs)
+
+    # Keras 3 restores its variables by assignment (.keras / .weights.h5 files): slots
+    # saved in another dtype (float32 <-> compact) are cast.
+    def load_own_variables(self, store):
+        variables = list(self.variables)
+        if len(store.keys()) == len(variables):
+            for i, variable in enumerate(variables):
+                value = store[str(i)]
+                if str(getattr(value, "dtype", "")) != str(tf.as_dtype(variable.dtype).name):
+                    variable.assign(tf.cast(tf.convert_to_tensor(value[...]), variable.dtype))
+                else:
+                    variable.assign(value)
+            return
+        super().load_own_variables(store)
 
     # Lazy weight decay: Keras decays every weight of every variable before the update
     # step (``var -= var * weight_decay * lr``), an embedding table's every row each step.
@@ -180,12 +234,13 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
                 [(var, [self._slot(getattr(self, attr), var) for attr in spec.slots], grad)
                  for grad, var in grouped],
                 lambda var: self._hyper(var, learning_rate), spec.options,
-                packs=self._fused_packs())
+                packs=self._fused_packs(), stochastic_rounding=self.stochastic_rounding)
         return super()._distributed_tf_update_step(distribution, rest, learning_rate)
 
     def _fused(self, rule, variable, slots, gradient, hyper, options=None):
         return _dispatch.apply(rule, variable, slots, gradient, hyper, options,
-                               composed=self._fused_composed)
+                               composed=self._fused_composed,
+                               stochastic_rounding=self.stochastic_rounding)
 
 
 # The base optimizer's own arguments, documented once; each spec's doc ends with its
@@ -197,6 +252,11 @@ _BASE_ARGS = """
         gradient (``tf.IndexedSlices``, an embedding's) decay only the rows it touches,
         with the variable's update (as lazy Adam's moments), instead of the whole table
         every step; dense gradients decay as Keras does. Only in the config when True.
+      slot_dtype: fusedopt's own (keyword only, default None): "bfloat16" or "float16" to
+        store the rule's slots of float32 variables in 16 bits (half the state memory; the
+        update computes in float32 and rounds once on store). Only in the config when set.
+      stochastic_rounding: fusedopt's own (keyword only, default False): round 16-bit slots
+        stochastically (unbiased) instead of to nearest even; deterministic bits.
       clipnorm: if set, each gradient is clipped to this norm.
       clipvalue: if set, each gradient is clipped to ``[-clipvalue, clipvalue]``.
       global_clipnorm: if set, the gradients are clipped together to this global norm.
@@ -222,7 +282,8 @@ def _named_as_base(cls, base):
     signature = inspect.signature(base.__init__)
 
     @functools.wraps(base.__init__)  # help() and inspect show the base's arguments
-    def __init__(self, *args, lazy_weight_decay=False, **kwargs):
+    def __init__(self, *args, lazy_weight_decay=False, slot_dtype=None,
+                 stochastic_rounding=False, **kwargs):
         try:
             named = "name" in signature.bind_partial(self, *args, **kwargs).arguments
         except TypeError:  # arguments the base refuses: its own error, below
@@ -230,20 +291,25 @@ def _named_as_base(cls, base):
         if not named:
             kwargs["name"] = _default_name(base.__name__)  # per instance: Keras numbers them
         super(cls, self).__init__(*args, **kwargs)
-        self.lazy_weight_decay = bool(lazy_weight_decay)
+        self._set_fusedopt_options(lazy_weight_decay, slot_dtype, stochastic_rounding)
 
-    __init__.__signature__ = _with_lazy_weight_decay(signature)
+    __init__.__signature__ = _with_own_keywords(signature)
     cls.__init__ = __init__
     return cls
 
 
-def _with_lazy_weight_decay(signature):
-    """`signature` with fusedopt's keyword-only ``lazy_weight_decay=False`` before **kwargs."""
+# fusedopt's keyword-only arguments of every fusedopt.keras class, with their defaults.
+_OWN_KEYWORDS = (("lazy_weight_decay", False), ("slot_dtype", None),
+                 ("stochastic_rounding", False))
+
+
+def _with_own_keywords(signature):
+    """`signature` with fusedopt's keyword-only arguments (_OWN_KEYWORDS) before **kwargs."""
     P = inspect.Parameter
     parameters = list(signature.parameters.values())
     at = len(parameters) - (parameters[-1].kind == P.VAR_KEYWORD)
-    parameters.insert(at, P("lazy_weight_decay", P.KEYWORD_ONLY, default=False))
-    return signature.replace(parameters=parameters)
+    own = [P(name, P.KEYWORD_ONLY, default=default) for name, default in _OWN_KEYWORDS]
+    return signature.replace(parameters=parameters[:at] + own + parameters[at:])
 
 
 def _new_optimizer(rule, spec):
@@ -254,10 +320,8 @@ def _new_optimizer(rule, spec):
     new = spec.new
     declared = _rules.SPECS[rule]
     per_row = [declared["slot_layouts"][s] == "per_row" for s in declared["slots"]]
-    # Keras 2's optimizer (Keras 2.15, tf_keras) builds its learning rate in the subclass
-    # (_build_learning_rate); Keras 3's base takes it. (Neither base's signature names it.)
-    keras3 = not hasattr(_optimizers.Optimizer, "_build_learning_rate")
-    signature = new_optimizer_signature(new, keyword_only=(("lazy_weight_decay", False),))
+    keras3 = _KERAS3
+    signature = new_optimizer_signature(new, keyword_only=_OWN_KEYWORDS)
     base = _optimizers.Optimizer
 
     def __init__(self, *args, **kwargs):
@@ -268,11 +332,14 @@ def _new_optimizer(rule, spec):
         else:  # Keras 2.15: the subclass builds its learning rate
             base.__init__(self, name=name, **rest)
             self._learning_rate = self._build_learning_rate(learning_rate)
+        own = {name: values.pop(name) for name, _ in _OWN_KEYWORDS}
         for argument, value in values.items():
             setattr(self, argument, value)
+        self._set_fusedopt_options(**own)
 
     def _slot_variable(self, var, slot_name, value, row_wise):
         shape = tuple(var.shape[:1]) if row_wise else tuple(var.shape)
+        dtype = _compact.slot_dtype_for(var.dtype, self.slot_dtype)
         if keras3:
             path = getattr(var, "path", None) or str(var.name).replace(":", "_")
             # Filled in one buffer (Keras's Constant initializer multiplies a second,
@@ -282,11 +349,11 @@ def _new_optimizer(rule, spec):
 
             # A Keras variable next to its tf.Variable (a plain tf.Variable: itself).
             with self._distribution_strategy.extended.colocate_vars_with(_tf_variable(var)):
-                return self.add_variable(shape=shape, initializer=fill, dtype=var.dtype,
+                return self.add_variable(shape=shape, initializer=fill, dtype=dtype,
                                          name=path.replace("/", "_") + "_" + slot_name)
         return self.add_variable_from_reference(
             var, slot_name, shape=tf.TensorShape(shape),
-            initial_value=tf.fill(shape, tf.cast(value, var.dtype)))
+            initial_value=tf.fill(shape, tf.cast(value, dtype)))
 
     def build(self, var_list):
         if getattr(self, "built", False) or getattr(self, "_built", False):
@@ -303,7 +370,7 @@ def _new_optimizer(rule, spec):
         slots = [self._slot(getattr(self, attr), variable) for attr in spec.slots]
         return _dispatch.apply(rule, variable, slots, gradient,
                                self._hyper(variable, learning_rate), spec.options,
-                               composed=True)
+                               composed=True, stochastic_rounding=self.stochastic_rounding)
 
     def get_config(self):
         config = base.get_config(self)

@@ -1,0 +1,58 @@
+"""Compact slot storage, as every front end offers it (``slot_dtype=``, ``stochastic_rounding=``).
+
+A float32 variable's slots may be stored as ``bfloat16`` or ``float16``: the fused ops
+compute in float32 and round each slot value once on store (to nearest even, or with
+``stochastic_rounding=True`` stochastically: unbiased, so increments smaller than half a
+16-bit step survive in expectation). Other variables (float16, bfloat16, float64) keep
+slots of their own dtype. Checkpoints then hold 16-bit slots: they no longer interchange
+with TF's or Keras's optimizers (TF's checkpoint restore refuses a dtype change); Keras 3
+model files (``.keras``, ``.weights.h5``) restore into either kind, cast.
+"""
+import tensorflow as tf
+
+COMPACT_DTYPES = (tf.bfloat16, tf.float16)
+
+
+def parse_slot_dtype(slot_dtype):
+    """None, or the tf.DType of a ``slot_dtype`` argument ("bfloat16", tf.float16, ...)."""
+    if slot_dtype is None:
+        return None
+    try:
+        dtype = tf.as_dtype(slot_dtype)
+    except TypeError:
+        dtype = None
+    if dtype not in COMPACT_DTYPES and dtype != tf.float32:
+        raise ValueError("slot_dtype must be 'bfloat16', 'float16' (compact slots of float32 "
+                         "variables) or None/'float32' (slots of the variable's dtype), got "
+                         f"{slot_dtype!r}")
+    return None if dtype == tf.float32 else dtype
+
+
+def slot_dtype_for(variable_dtype, slot_dtype):
+    """The dtype of a variable's slots: `slot_dtype` (parsed) for a float32 variable, the
+    variable's own dtype otherwise."""
+    variable_dtype = tf.as_dtype(variable_dtype).base_dtype
+    if slot_dtype is not None and variable_dtype == tf.float32:
+        return slot_dtype
+    return variable_dtype
+
+
+def config(slot_dtype, stochastic_rounding):
+    """The config entries of the options, only where set (the config stays the replaced
+    class's otherwise)."""
+    entries = {}
+    if slot_dtype is not None:
+        entries["slot_dtype"] = slot_dtype.name
+    if stochastic_rounding:
+        entries["stochastic_rounding"] = True
+    return entries
+
+
+DOC = """
+      slot_dtype: fusedopt's own (keyword only, default None): "bfloat16" or "float16" to
+        store the slots of float32 variables in 16 bits (half the state memory; the update
+        computes in float32 and rounds once on store). Checkpoints then hold 16-bit slots
+        and no longer interchange with TF's optimizers (TF's restore refuses the dtype).
+      stochastic_rounding: fusedopt's own (keyword only, default False): round 16-bit slots
+        stochastically (unbiased) instead of to nearest even; deterministic bits.
+"""

@@ -1,0 +1,215 @@
+"""Compact slots (``slot_dtype="bfloat16"/"float16"``, ``stochastic_rounding``) in the front
+ends: fusedopt.keras (Keras 3 / Keras 2.15's classes and the own ones) and
+fusedopt.compat.v1.
+
+The ops' numbers are checked in tests/ops/test_compact_slots.py; here: the slot variables
+are of the compact dtype for float32 variables only, the first step from zero slots moves
+the variable exactly as the float32-slot optimizer does (the update computes in float32
+and only the stored slots are rounded) and stores those slots rounded, the option travels
+through get_config, Keras model files restore across slot dtypes (cast), and fit trains.
+"""
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import compact
+import numpy_reference as npref
+
+import fusedopt.compat.v1 as fv1
+import fusedopt.keras as fk
+from fusedopt import rules
+
+keras = tf.keras
+KERAS3 = hasattr(keras.optimizers.Optimizer, "stateless_apply")
+SPECS = dict(rules.front_end_specs("KERAS"))
+V1_SPECS = dict(rules.front_end_specs("COMPAT_V1"))
+NP = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+ROWS, WIDTH = 12, 5
+
+
+def _keras(rule, **kwargs):
+    extra = npref.ORACLES[rule].KERAS_KWARGS
+    return getattr(fk, SPECS[rule].name)(**{**extra, "learning_rate": 0.05, **kwargs})
+
+
+def _slots(opt, variable, rule):
+    return [opt._slot(getattr(opt, attr), variable) for attr in SPECS[rule].slots]
+
+
+def _grad(sparse, seed=1):
+    rng = np.random.default_rng(seed)
+    if sparse:
+        ids = [2, 7, 2, 5]
+        return tf.IndexedSlices(tf.constant(rng.normal(size=(4, WIDTH)).astype(np.float32)),
+                                tf.constant(ids, tf.int64), tf.constant([ROWS, WIDTH], tf.int64))
+    return tf.constant(rng.normal(size=(ROWS, WIDTH)).astype(np.float32))
+
+
+def _bits(x):
+    x = np.asarray(x)
+    return x.view(np.uint16 if x.dtype.itemsize == 2 else np.uint32)
+
+
+def _table():
+    return np.random.default_rng(0).uniform(-1, 1, (ROWS, WIDTH)).astype(np.float32)
+
+
+def _per_row(rule, k):
+    spec = rules.SPECS[rule]
+    return spec["slot_layouts"][spec["slots"][k]] == "per_row"
+
+
+@pytest.mark.parametrize("stochastic", [False, True], ids=["nearest", "stochastic"])
+@pytest.mark.parametrize("slot_dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize("rule", sorted(SPECS))
+def test_keras_first_step_is_the_float32_step_with_rounded_slots(rule, sparse, slot_dtype,
+                                                                  stochastic):
+    start = _table()
+    compact_var, full_var = tf.Variable(start), tf.Variable(start)
+    opt = _keras(rule, slot_dtype=slot_dtype, stochastic_rounding=stochastic)
+    full = _keras(rule)
+    opt.build([compact_var])
+    full.build([full_var])
+    # Slots start where a 16-bit slot can hold them exactly (zeros, Adagrad's 0.1 is not):
+    # both optimizers start from the 16-bit values.
+    for a, b in zip(_slots(opt, compact_var, rule), _slots(full, full_var, rule)):
+        assert tf.as_dtype(a.dtype) == tf.as_dtype(slot_dtype)
+        b.assign(tf.cast(tf.convert_to_tensor(a), tf.float32))
+    opt.apply_gradients([(_grad(sparse), compact_var)])
+    full.apply_gradients([(_grad(sparse), full_var)])
+    np.testing.assert_array_equal(_bits(compact_var.numpy()), _bits(full_var.numpy()))
+    salt = compact.float_bits(start)
+    for k, (a, b) in enumerate(zip(_slots(opt, compact_var, rule), _slots(full, full_var, rule))):
+        want = compact.round_slot(np.asarray(b), NP[slot_dtype], stochastic,
+                                  salt[:, 0] if _per_row(rule, k) else salt, k)
+        np.testing.assert_array_equal(_bits(np.asarray(a)), _bits(want))
+
+
+def test_keras_other_variables_keep_their_dtype_and_base_variables_stay_float32():
+    table = tf.Variable(_table())
+    wide = tf.Variable(np.ones((3,), np.float64))
+    opt = _keras("lazy_adam", slot_dtype="bfloat16", use_ema=True)
+    opt.build([table, wide])
+    assert [tf.as_dtype(s.dtype) for s in _slots(opt, table, "lazy_adam")] == [tf.bfloat16] * 2
+    assert [tf.as_dtype(s.dtype) for s in _slots(opt, wide, "lazy_adam")] == [tf.float64] * 2
+    averages = opt._model_variables_moving_average
+    assert [tf.as_dtype(a.dtype) for a in averages] == [tf.float32, tf.float64]
+
+
+def test_keras_config_round_trip_and_refusals():
+    opt = _keras("lazy_adam", slot_dtype=tf.bfloat16, stochastic_rounding=True)
+    config = opt.get_config()
+    assert config["slot_dtype"] == "bfloat16" and config["stochastic_rounding"] is True
+    again = type(opt).from_config(config)
+    assert again.slot_dtype == tf.bfloat16 and again.stochastic_rounding
+    assert "slot_dtype" not in _keras("lazy_adam").get_config()
+    with pytest.raises(ValueError, match="slot_dtype must be"):
+        _keras("lazy_adam", slot_dtype="int8")
+    with pytest.raises(ValueError, match="amsgrad"):
+        _keras("lazy_adam", slot_dtype="bfloat16", amsgrad=True)
+
+
+def _model(optimizer):
+    model = keras.Sequential([keras.Input((2,), dtype="int32"),
+                              keras.layers.Embedding(50, 8), keras.layers.Flatten(),
+                              keras.layers.Dense(1)])
+    model.compile(optimizer=optimizer, loss="mse")
+    return model
+
+
+def _data():
+    rng = np.random.default_rng(3)
+    x = rng.integers(0, 50, (256, 2)).astype(np.int32)
+    return x, (x[:, :1] % 7).astype(np.float32) / 7.0
+
+
+@pytest.mark.slow
+def test_keras_fit_trains_and_model_files_restore_across_slot_dtypes(tmp_path):
+    x, y = _data()
+    model = _model(fk.LazyAdam(0.01, slot_dtype="bfloat16", stochastic_rounding=True))
+    first = model.fit(x, y, epochs=1, batch_size=32, verbose=0).history["loss"][0]
+    last = model.fit(x, y, epochs=5, batch_size=32, verbose=0).history["loss"][-1]
+    assert last < 0.5 * first
+    slot_dtypes = {tf.as_dtype(v.dtype).name for v in model.optimizer.variables
+                   if len(v.shape) == 2}
+    assert slot_dtypes == {"bfloat16"}
+    if not KERAS3:
+        return  # Keras 2.15 model files: tf.train.Checkpoint inside (dtype must match)
+    path = os.path.join(tmp_path, "compact.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    assert loaded.optimizer.slot_dtype == tf.bfloat16
+    for a, b in zip(model.optimizer.variables, loaded.optimizer.variables):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # Into a float32-slot optimizer and back: cast.
+    wide = _model(fk.LazyAdam(0.01))
+    wide.optimizer.build(wide.trainable_variables)
+    store = {str(i): np.asarray(v) for i, v in enumerate(model.optimizer.variables)}
+    wide.optimizer.load_own_variables(store)
+    for a, b in zip(model.optimizer.variables, wide.optimizer.variables):
+        assert tf.as_dtype(b.dtype) in (tf.float32, tf.int64)
+        np.testing.assert_array_equal(np.asarray(a).astype(np.float64),
+                                      np.asarray(b).astype(np.float64))
+    narrow = _model(fk.LazyAdam(0.01, slot_dtype="float16"))
+    narrow.optimizer.build(narrow.trainable_variables)
+    narrow.optimizer.load_own_variables(
+        {str(i): np.asarray(v) for i, v in enumerate(wide.optimizer.variables)})
+    for a, b in zip(wide.optimizer.variables, narrow.optimizer.variables):
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a).astype(np.asarray(b).dtype))
+
+
+# --- fusedopt.compat.v1 ------------------------------------------------------------------
+
+def _v1(rule, **kwargs):
+    spec = V1_SPECS[rule]
+    names = [name for name, _ in spec.signature]
+    args = {"learning_rate": 0.05} if "learning_rate" in names else {}
+    return getattr(fv1, spec.name)(**args, **kwargs)
+
+
+@pytest.mark.parametrize("resource", [True, False], ids=["resource", "ref"])
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize("rule", sorted(V1_SPECS))
+def test_compat_v1_session_step_with_bfloat16_slots(rule, sparse, resource):
+    start = _table()
+    results = {}
+    for slot_dtype in (None, "bfloat16"):
+        graph = tf.Graph()
+        with graph.as_default():
+            var = tf.compat.v1.Variable(start, use_resource=resource)
+            opt = _v1(rule, slot_dtype=slot_dtype)
+            if sparse:
+                g = _grad(True)
+                grad = tf.IndexedSlices(g.values, g.indices, g.dense_shape)
+            else:
+                grad = _grad(False)
+            train = opt.apply_gradients([(grad, var)])
+            slot_names = [name for name, _ in V1_SPECS[rule].slots]
+            slots = [opt.get_slot(var, name) for name in slot_names]
+            with tf.compat.v1.Session(graph=graph) as session:
+                session.run(tf.compat.v1.global_variables_initializer())
+                if slot_dtype is None:  # start from the 16-bit values too
+                    for s in slots:
+                        session.run(s.assign(tf.cast(tf.cast(s, tf.bfloat16), tf.float32)))
+                session.run(train)
+                results[slot_dtype] = session.run([var] + slots)
+        if slot_dtype is not None:
+            assert all(s.dtype.base_dtype == tf.bfloat16 for s in slots)
+    full, narrow = results[None], results["bfloat16"]
+    np.testing.assert_array_equal(_bits(narrow[0]), _bits(full[0]))
+    for a, b in zip(narrow[1:], full[1:]):
+        np.testing.assert_array_equal(_bits(a), _bits(b.astype(ml_dtypes.bfloat16)))
+
+
+def test_compat_v1_signature_and_refusal():
+    import inspect
+
+    parameters = inspect.signature(fv1.LazyAdamOptimizer).parameters
+    assert parameters["slot_dtype"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert parameters["stochastic_rounding"].default is False
+    with pytest.raises(ValueError, match="slot_dtype must be"):
+        fv1.LazyAdamOptimizer(slot_dtype="float64")

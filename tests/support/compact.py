@@ -1,0 +1,70 @@
+"""NumPy model of compact slot storage (cc/core/numeric.h), for every engine's tests.
+
+A float32 variable's slots stored as bfloat16/float16: the engines compute in float32 and
+round each slot once on store, to nearest even (ml_dtypes' casts) or stochastically with
+noise hashed from the stored value and a salt (the variable element's bits before the
+update, and the slot's number): ``rounding_noise``, ``to_bf16_stochastic``,
+``to_f16_stochastic`` reproduce numeric.h bit for bit.
+"""
+import ml_dtypes
+import numpy as np
+
+U32 = np.uint32
+
+
+def _u32(x):
+    return np.asarray(x).astype(np.uint64) & 0xFFFFFFFF
+
+
+def mix_bits(x):
+    """murmur3's fmix32 on uint32 arrays (numeric.h MixBits)."""
+    x = _u32(x)
+    x ^= x >> 16
+    x = (x * 0x85EBCA6B) & 0xFFFFFFFF
+    x ^= x >> 13
+    x = (x * 0xC2B2AE35) & 0xFFFFFFFF
+    x ^= x >> 16
+    return x
+
+
+def float_bits(x):
+    return _u32(np.asarray(x, np.float32).view(U32))
+
+
+def rounding_noise(value, salt_bits, slot):
+    """numeric.h RoundingNoise: value float32, salt_bits uint32 (arrays broadcast)."""
+    salt = (_u32(salt_bits) + 0x9E3779B9 * (slot + 1)) & 0xFFFFFFFF
+    return mix_bits(float_bits(value) ^ mix_bits(salt))
+
+
+def to_bf16_stochastic(value, noise):
+    value = np.asarray(value, np.float32)
+    u = float_bits(value)
+    special = (u & 0x7F800000) == 0x7F800000
+    bits = (((u + (_u32(noise) & 0xFFFF)) & 0xFFFFFFFF) >> 16).astype(np.uint16)
+    out = bits.view(ml_dtypes.bfloat16)
+    return np.where(special, value.astype(ml_dtypes.bfloat16), out)
+
+
+def to_f16_stochastic(value, noise):
+    value = np.asarray(value, np.float32)
+    u = float_bits(value)
+    magnitude = u & 0x7FFFFFFF
+    nearest = (magnitude < (113 << 23)) | (magnitude >= (143 << 23))
+    rebias = (15 - 127) << 23  # negative: done in int64
+    rounded = ((magnitude.astype(np.int64) + rebias + (_u32(noise) & 0x1FFF).astype(np.int64))
+               >> 13).astype(np.uint64)
+    bits = (rounded | ((u >> 16) & 0x8000)).astype(np.uint16)
+    with np.errstate(over="ignore"):  # the nearest branch of out-of-range values: Inf
+        return np.where(nearest, value.astype(np.float16), bits.view(np.float16))
+
+
+def round_slot(value, dtype, stochastic=False, salt_bits=None, slot=0):
+    """A float32 slot value stored as `dtype` (ml_dtypes.bfloat16 or np.float16)."""
+    value = np.asarray(value, np.float32)
+    if not stochastic:
+        return value.astype(dtype)
+    noise = rounding_noise(value, salt_bits, slot)
+    if np.dtype(dtype) == np.dtype(ml_dtypes.bfloat16):
+        return to_bf16_stochastic(value, noise)
+    return to_f16_stochastic(value, noise)
