@@ -8,6 +8,8 @@ slots of their own dtype. Checkpoints then hold 16-bit slots: they no longer int
 with TF's or Keras's optimizers (TF's checkpoint restore refuses a dtype change); Keras 3
 model files (``.keras``, ``.weights.h5``) restore into either kind, cast.
 """
+import inspect
+
 import tensorflow as tf
 
 COMPACT_DTYPES = (tf.bfloat16, tf.float16)
@@ -56,3 +58,29 @@ DOC = """
       stochastic_rounding: fusedopt's own (keyword only, default False): round 16-bit slots
         stochastically (unbiased) instead of to nearest even; deterministic bits.
 """
+
+
+# The keyword-only arguments the Keras front ends add to each class's constructor.
+KEYWORDS = (("slot_dtype", None), ("stochastic_rounding", False))
+
+
+def with_keywords(signature, keywords):
+    """`signature` with keyword-only `keywords` ((name, default), ...) before **kwargs."""
+    P = inspect.Parameter
+    parameters = list(signature.parameters.values())
+    at = len(parameters) - (bool(parameters) and parameters[-1].kind == P.VAR_KEYWORD)
+    own = [P(name, P.KEYWORD_ONLY, default=default) for name, default in keywords]
+    return signature.replace(parameters=parameters[:at] + own + parameters[at:])
+
+
+class SlotDtypeView:
+    """A variable as Keras 2's ``OptimizerV2.add_slot`` sees it when making its slots: the
+    variable itself in every respect but ``true_dtype``, the dtype add_slot gives a slot
+    (it reads it as a mixed-precision variable's), here the compact slot dtype."""
+
+    def __init__(self, variable, dtype):
+        self._fusedopt_variable = variable
+        self.true_dtype = dtype
+
+    def __getattr__(self, name):
+        return getattr(self._fusedopt_variable, name)

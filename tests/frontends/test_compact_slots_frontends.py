@@ -213,3 +213,53 @@ def test_compat_v1_signature_and_refusal():
     assert parameters["stochastic_rounding"].default is False
     with pytest.raises(ValueError, match="slot_dtype must be"):
         fv1.LazyAdamOptimizer(slot_dtype="float64")
+
+
+# --- fusedopt.keras.legacy (Keras 2 OptimizerV2) -------------------------------------------
+
+import fusedopt.keras.legacy as fl  # noqa: E402
+
+LEGACY_SPECS = dict(rules.front_end_specs("LEGACY"))
+
+
+def _legacy(rule, **kwargs):
+    extra = npref.ORACLES[rule].KERAS_KWARGS
+    return getattr(fl, LEGACY_SPECS[rule].name)(**{**extra, "learning_rate": 0.05, **kwargs})
+
+
+@pytest.mark.parametrize("stochastic", [False, True], ids=["nearest", "stochastic"])
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize("rule", sorted(LEGACY_SPECS))
+def test_legacy_first_step_is_the_float32_step_with_rounded_slots(rule, sparse, stochastic):
+    start = _table()
+    compact_var, full_var = tf.Variable(start), tf.Variable(start)
+    opt = _legacy(rule, slot_dtype="bfloat16", stochastic_rounding=stochastic)
+    full = _legacy(rule)
+    opt._create_all_weights([compact_var])
+    full._create_all_weights([full_var])
+    names = LEGACY_SPECS[rule].slots
+    for name in names:
+        a, b = opt.get_slot(compact_var, name), full.get_slot(full_var, name)
+        assert a.dtype.base_dtype == tf.bfloat16
+        b.assign(tf.cast(a, tf.float32))
+    opt.apply_gradients([(_grad(sparse), compact_var)])
+    full.apply_gradients([(_grad(sparse), full_var)])
+    np.testing.assert_array_equal(_bits(compact_var.numpy()), _bits(full_var.numpy()))
+    salt = compact.float_bits(start)
+    for k, name in enumerate(names):
+        a, b = opt.get_slot(compact_var, name), full.get_slot(full_var, name)
+        want = compact.round_slot(b.numpy(), ml_dtypes.bfloat16, stochastic,
+                                  salt[:, 0] if _per_row(rule, k) else salt, k)
+        np.testing.assert_array_equal(_bits(a.numpy()), _bits(want))
+
+
+def test_legacy_config_and_refusals():
+    opt = _legacy("adagrad", slot_dtype="float16")
+    config = opt.get_config()
+    assert config["slot_dtype"] == "float16" and "stochastic_rounding" not in config
+    assert type(opt).from_config(config).slot_dtype == tf.float16
+    with pytest.raises(ValueError, match="amsgrad"):
+        _legacy("lazy_adam", slot_dtype="bfloat16", amsgrad=True)
+    wide = tf.Variable(np.ones((3, 2), np.float64))
+    opt._create_all_weights([wide])
+    assert opt.get_slot(wide, LEGACY_SPECS["adagrad"].slots[0]).dtype.base_dtype == tf.float64

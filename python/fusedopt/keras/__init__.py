@@ -299,17 +299,12 @@ def _named_as_base(cls, base):
 
 
 # fusedopt's keyword-only arguments of every fusedopt.keras class, with their defaults.
-_OWN_KEYWORDS = (("lazy_weight_decay", False), ("slot_dtype", None),
-                 ("stochastic_rounding", False))
+_OWN_KEYWORDS = (("lazy_weight_decay", False), *_compact.KEYWORDS)
 
 
 def _with_own_keywords(signature):
     """`signature` with fusedopt's keyword-only arguments (_OWN_KEYWORDS) before **kwargs."""
-    P = inspect.Parameter
-    parameters = list(signature.parameters.values())
-    at = len(parameters) - (parameters[-1].kind == P.VAR_KEYWORD)
-    own = [P(name, P.KEYWORD_ONLY, default=default) for name, default in _OWN_KEYWORDS]
-    return signature.replace(parameters=parameters[:at] + own + parameters[at:])
+    return _compact.with_keywords(signature, _OWN_KEYWORDS)
 
 
 def _new_optimizer(rule, spec):

@@ -14,10 +14,13 @@ Adagrad's epsilon outside the square root); sparse gradients update only touched
     model.compile(optimizer=fusedopt.keras.legacy.LazyAdam(1e-3), ...)
 """
 
+import functools
+import inspect
+
 import tensorflow as tf
 
 from fusedopt import rules as _rules
-from fusedopt import _dispatch, _packs
+from fusedopt import _compact, _dispatch, _packs
 from fusedopt.rules._front import (bind_new_optimizer, new_optimizer_base,
                                    new_optimizer_signature)
 
@@ -46,6 +49,22 @@ class _FusedApply(_packs.PacksOfOptimizer):
     _fused_rule = None
     _fused_spec = None
     _fused_composed = False
+    # Compact slots (fusedopt._compact): set by the constructor's keywords of these names.
+    slot_dtype = None
+    stochastic_rounding = False
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(_compact.config(self.slot_dtype, self.stochastic_rounding))
+        return config
+
+    # The rule's slots of a float32 variable in slot_dtype: add_slot gives a slot the
+    # variable's true_dtype (as for a mixed-precision variable).
+    def add_slot(self, var, slot_name, initializer="zeros", shape=None):
+        dtype = _compact.slot_dtype_for(getattr(var, "true_dtype", var.dtype), self.slot_dtype)
+        if slot_name in self._fused_spec.slots and dtype != var.dtype.base_dtype:
+            var = _compact.SlotDtypeView(var, dtype)
+        return super().add_slot(var, slot_name, initializer, shape)
 
     def _coefficients(self, var, apply_state):
         var_device, var_dtype = var.device, var.dtype.base_dtype
@@ -61,7 +80,8 @@ class _FusedApply(_packs.PacksOfOptimizer):
         slots = [self.get_slot(var, name) for name in spec.slots]
         hyper = {name: c[key] for name, key in spec.hyper.items()}
         op = _dispatch.apply(self._fused_rule, var, slots, grad, hyper, spec.options,
-                             composed=self._fused_composed, use_locking=self._use_locking)
+                             composed=self._fused_composed, use_locking=self._use_locking,
+                             stochastic_rounding=self.stochastic_rounding)
         return tf.no_op() if op is None and not tf.executing_eagerly() else op
 
     # OptimizerV2 applies each variable in turn; the dense gradients of resource variables
@@ -87,7 +107,8 @@ class _FusedApply(_packs.PacksOfOptimizer):
                 spec.hyper, (self._coefficients(var, apply_state)[key]
                              for key in spec.hyper.values()))},
             spec.options, use_locking=self._use_locking,
-            packs=self._fused_packs()) if grouped else []
+            packs=self._fused_packs(),
+            stochastic_rounding=self.stochastic_rounding) if grouped else []
         with tf.control_dependencies(group_ops):
             return super()._distributed_apply(distribution, rest, apply_state, name)
 
@@ -122,6 +143,11 @@ class _FusedApply(_packs.PacksOfOptimizer):
 # Keras 2's optimizer arguments, documented once; each spec's doc ends with its rule's
 # arguments (an ``Args:`` section) and these follow them.
 _BASE_ARGS = """
+      slot_dtype: fusedopt's own (keyword only, default None): "bfloat16" or "float16" to
+        store the rule's slots of float32 variables in 16 bits (the update computes in
+        float32 and rounds once on store). Only in the config when set.
+      stochastic_rounding: fusedopt's own (keyword only, default False): round 16-bit slots
+        stochastically (unbiased) instead of to nearest even; deterministic bits.
       name: name of the optimizer and of its slot variables' scope.
       **kwargs: Keras 2's optimizer keywords: ``clipnorm``, ``clipvalue`` and
         ``global_clipnorm`` (gradient clipping), ``lr`` (old name of ``learning_rate``),
@@ -174,7 +200,8 @@ def _new_optimizer(rule, spec):
         hyper = {name: c[key] for name, key in spec.hyper.items()}
         if indices is not None:
             grad = tf.IndexedSlices(grad, indices)
-        op = _dispatch.apply(rule, var, slots, grad, hyper, spec.options, composed=True)
+        op = _dispatch.apply(rule, var, slots, grad, hyper, spec.options, composed=True,
+                             stochastic_rounding=self.stochastic_rounding)
         return tf.no_op() if op is None and not tf.executing_eagerly() else op
 
     def _resource_apply_dense(self, grad, var, apply_state=None):
@@ -197,7 +224,29 @@ def _new_optimizer(rule, spec):
         __name__, "Keras 2 optimizer")
 
 
+def _with_compact_keywords(cls):
+    """`cls` whose constructor also takes the compact-slot keywords (fusedopt._compact),
+    which Keras 2's base would refuse; help() and inspect show them after the base's."""
+    base_init = cls.__init__
+
+    @functools.wraps(base_init)
+    def __init__(self, *args, slot_dtype=None, stochastic_rounding=False, **kwargs):
+        base_init(self, *args, **kwargs)
+        self.slot_dtype = _compact.parse_slot_dtype(slot_dtype)
+        self.stochastic_rounding = bool(stochastic_rounding)
+        if self.slot_dtype is not None and self._keeps_own_update():
+            raise ValueError(
+                f"slot_dtype={self.slot_dtype.name!r}: compact slots are for fusedopt's fused "
+                "update, and these settings run the Keras class's own (e.g. amsgrad=True)")
+
+    __init__.__signature__ = _compact.with_keywords(inspect.signature(base_init),
+                                                    _compact.KEYWORDS)
+    cls.__init__ = __init__
+    return cls
+
+
 __all__ = _rules.define_classes(globals(), "LEGACY", lambda rule, spec: _register(
-    _rules.fused_subclass(rule, spec, _FusedApply,
-                          getattr(_legacy, spec.base) if spec.base else _new_optimizer(rule, spec),
-                          __name__, _BASE_ARGS)))
+    _with_compact_keywords(_rules.fused_subclass(
+        rule, spec, _FusedApply,
+        getattr(_legacy, spec.base) if spec.base else _new_optimizer(rule, spec),
+        __name__, _BASE_ARGS))))
