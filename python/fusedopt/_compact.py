@@ -5,8 +5,9 @@ compute in float32 and round each slot value once on store (to nearest even, or 
 ``stochastic_rounding=True`` stochastically: unbiased, so increments smaller than half a
 16-bit step survive in expectation). Other variables (float16, bfloat16, float64) keep
 slots of their own dtype. Checkpoints then hold 16-bit slots: they no longer interchange
-with TF's or Keras's optimizers (TF's checkpoint restore refuses a dtype change); Keras 3
-model files (``.keras``, ``.weights.h5``) restore into either kind, cast.
+with TF's or Keras's optimizers as they are (TF's checkpoint restore refuses a dtype
+change): ``fusedopt.checkpoint.cast_slots`` writes a cast copy. Keras 3 model files
+(``.keras``) restore into either kind directly, cast.
 """
 import inspect
 
@@ -54,7 +55,7 @@ DOC = """
       slot_dtype: fusedopt's own (keyword only, default None): "bfloat16" or "float16" to
         store the slots of float32 variables in 16 bits (half the state memory; the update
         computes in float32 and rounds once on store). Checkpoints then hold 16-bit slots
-        and no longer interchange with TF's optimizers (TF's restore refuses the dtype).
+        (``fusedopt.checkpoint.cast_slots`` casts a copy for TF's optimizers, and back).
       stochastic_rounding: fusedopt's own (keyword only, default False): round 16-bit slots
         stochastically (unbiased) instead of to nearest even; deterministic bits.
 """
