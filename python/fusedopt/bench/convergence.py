@@ -34,13 +34,22 @@ RUNS = (
     Contender("fusedopt.keras.PartialRowWiseAdam", "fusedopt.keras", "PartialRowWiseAdam", ADAM),
     Contender("fusedopt.keras.LazyAdam, bf16 slots", "fusedopt.keras", "LazyAdam",
               {**ADAM, **BF16}),
+    Contender("fusedopt.keras.LazyAdam, bf16 slots, stochastic rounding", "fusedopt.keras",
+              "LazyAdam", {**ADAM, **BF16, "stochastic_rounding": True}),
+    Contender("fusedopt.keras.Adagrad, bf16 slots", "fusedopt.keras", "Adagrad",
+              {**ADAGRAD, **BF16}),
+    Contender("fusedopt.keras.Adagrad, bf16 slots, stochastic rounding", "fusedopt.keras",
+              "Adagrad", {**ADAGRAD, **BF16, "stochastic_rounding": True}),
 )
 # (variant, its full-state float32 counterpart): labels of RUNS. The aim: the variant's
 # held-out log-loss at most this much (%) above its counterpart's (below is fine too).
 PAIRS_WITHIN_PCT = 1
 PAIRS = (("fusedopt.keras.RowWiseAdagrad", "fusedopt.keras.Adagrad"),
          ("fusedopt.keras.PartialRowWiseAdam", "fusedopt.keras.LazyAdam"),
-         ("fusedopt.keras.LazyAdam, bf16 slots", "fusedopt.keras.LazyAdam"))
+         ("fusedopt.keras.LazyAdam, bf16 slots", "fusedopt.keras.LazyAdam"),
+         ("fusedopt.keras.LazyAdam, bf16 slots, stochastic rounding", "fusedopt.keras.LazyAdam"),
+         ("fusedopt.keras.Adagrad, bf16 slots", "fusedopt.keras.Adagrad"),
+         ("fusedopt.keras.Adagrad, bf16 slots, stochastic rounding", "fusedopt.keras.Adagrad"))
 
 INTERACTION_DIM, NOISE, BIAS = 4, 0.5, -1.2
 
