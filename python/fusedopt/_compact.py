@@ -75,13 +75,13 @@ def with_keywords(signature, keywords):
 
 
 class SlotDtypeView:
-    """A variable as Keras 2's ``OptimizerV2.add_slot`` sees it when making its slots: the
-    variable itself in every respect but ``true_dtype``, the dtype add_slot gives a slot
-    (it reads it as a mixed-precision variable's), here the compact slot dtype."""
+    """A variable as a Keras 2 optimizer's slot maker sees it: the variable itself in every
+    respect but its dtype (``dtype``, and ``true_dtype``, which OptimizerV2.add_slot reads
+    as a mixed-precision variable's), here the compact slot dtype the slot is made in."""
 
     def __init__(self, variable, dtype):
         self._fusedopt_variable = variable
-        self.true_dtype = dtype
+        self.dtype = self.true_dtype = dtype
 
     def __getattr__(self, name):
         return getattr(self._fusedopt_variable, name)

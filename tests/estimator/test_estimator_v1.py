@@ -31,6 +31,12 @@ OPTIMIZERS = {
     "partial_row_wise_adam": (lambda: fv1.PartialRowWiseAdamOptimizer(0.05),
                               "PartialRowWiseAdam", ["m", "v"],
                               ["beta1_power", "beta2_power"], "PartialRowWiseAdam"),
+    # compact slots (bfloat16 beside float32 variables; ref variables: the ops' S attr)
+    "lazy_adam_bf16": (lambda: fv1.LazyAdamOptimizer(0.05, slot_dtype="bfloat16",
+                                                     stochastic_rounding=True),
+                       "Adam", ["m", "v"], ["beta1_power", "beta2_power"], "LazyAdam"),
+    "adagrad_bf16": (lambda: fv1.AdagradOptimizer(0.3, slot_dtype="bfloat16"), "Adagrad",
+                     ["accumulator"], [], "Adagrad"),
 }
 
 
@@ -87,7 +93,9 @@ def _estimator(model_dir, rule, use_resource):
                                                ("adagrad", True), ("lazy_adam", False),
                                                ("row_wise_adagrad", True),
                                                ("partial_row_wise_adam", True),
-                                               ("partial_row_wise_adam", False)])
+                                               ("partial_row_wise_adam", False),
+                                               ("lazy_adam_bf16", True),
+                                               ("adagrad_bf16", False)])
 def test_estimator_trains_and_resumes(tmp_path, rule, use_resource):
     _, name, slots, powers, op_suffix = OPTIMIZERS[rule]
     _OP_TYPES.clear()
@@ -106,6 +114,9 @@ def test_estimator_trains_and_resumes(tmp_path, rule, use_resource):
     for var in ("w", "emb"):
         for s in slots:
             assert "%s/%s%s" % (var, name, suffix[s]) in names
+            if rule.endswith("_bf16"):  # in the checkpoint as 16-bit values
+                value = est.get_variable_value("%s/%s%s" % (var, name, suffix[s]))
+                assert str(value.dtype) == "bfloat16", (var, s, value.dtype)
     for p in powers:
         assert p in names
     per_row = {"row_wise_adagrad": "accumulator", "partial_row_wise_adam": "v"}.get(rule)
@@ -120,7 +131,8 @@ def test_estimator_trains_and_resumes(tmp_path, rule, use_resource):
     np.testing.assert_array_equal(emb15[6:], 0.0)  # untouched rows stay (lazy)
 
     # A fresh Estimator on the same model_dir resumes: global step, slots, powers continue.
-    acc15 = est.get_variable_value("w/Adagrad") if rule == "adagrad" else None
+    adagrad = rule.startswith("adagrad")
+    acc15 = est.get_variable_value("w/Adagrad").astype(np.float32) if adagrad else None
     est2 = _estimator(tmp_path, rule, use_resource)
     est2.train(_input_fn, steps=10)
     assert est2.get_variable_value("global_step") == 25
@@ -128,8 +140,11 @@ def test_estimator_trains_and_resumes(tmp_path, rule, use_resource):
     assert loss25 < loss15, (loss15, loss25)
     for p, beta in zip(powers, (0.9, 0.999)):
         np.testing.assert_allclose(est2.get_variable_value(p), beta ** 26, rtol=1e-5)
-    if rule == "adagrad":
-        acc = est2.get_variable_value("w/Adagrad")
+    if adagrad:
+        acc = est2.get_variable_value("w/Adagrad").astype(np.float32)
         # 25 squared gradients accumulated on top of the initial 0.1, not restarted
         assert np.all(acc > 0.1)
-        assert np.all(acc > acc15)
+        if rule.endswith("_bf16"):  # increments below half a bfloat16 step round away
+            assert np.all(acc >= acc15) and np.any(acc > acc15)
+        else:
+            assert np.all(acc > acc15)

@@ -97,17 +97,29 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
     # averages, gradient accumulators): those keep the variable's dtype.
     _BASE_VARIABLES = ("average", "gradient_accumulator")
 
-    def add_variable_from_reference(self, reference_variable, *args, **kwargs):
-        name = kwargs.get("name", args[0] if args else None)
-        dtype = _compact.slot_dtype_for(reference_variable.dtype, self.slot_dtype)
-        if dtype == tf.as_dtype(reference_variable.dtype) or name in self._BASE_VARIABLES:
-            return super().add_variable_from_reference(reference_variable, *args, **kwargs)
-        if not _KERAS3:  # Keras 2.15: (model_variable, variable_name, shape, initial_value)
-            shape = kwargs.get("shape") or reference_variable.shape
-            kwargs["initial_value"] = tf.zeros(shape, dtype)
+    def add_variable_from_reference(self, *args, **kwargs):
+        # Keras 3: (reference_variable, name=None, initializer="zeros"); Keras 2.15:
+        # (model_variable, variable_name, shape=None, initial_value=None).
+        names = (("reference_variable", "name") if _KERAS3 else
+                 ("model_variable", "variable_name", "shape", "initial_value"))
+        given = dict(zip(names, args), **kwargs)
+        reference, name = given[names[0]], given.get(names[1])
+        dtype = _compact.slot_dtype_for(reference.dtype, self.slot_dtype)
+        if dtype == tf.as_dtype(reference.dtype) or name in self._BASE_VARIABLES:
+            return super().add_variable_from_reference(*args, **kwargs)
+        if not _KERAS3:
+            # Keras 2.15's base makes the variable in the reference's dtype: it sees the
+            # reference in the slot dtype (colocated with the variable itself, as its
+            # subclass would), and an initial value given in the reference's is cast.
+            if given.get("initial_value") is not None:
+                given["initial_value"] = tf.cast(given["initial_value"], dtype)
+            given["model_variable"] = _compact.SlotDtypeView(reference, dtype)
+            base = next(c for c in type(self).__mro__ if c.__name__ == "_BaseOptimizer")
+            with tf.distribute.get_strategy().extended.colocate_vars_with(reference):
+                return base.add_variable_from_reference(self, **given)
         self._pending_slot_dtype = dtype  # add_variable below: Keras 3's base calls it
         try:
-            return super().add_variable_from_reference(reference_variable, *args, **kwargs)
+            return super().add_variable_from_reference(*args, **kwargs)
         finally:
             self._pending_slot_dtype = None
 
