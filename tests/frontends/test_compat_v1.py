@@ -558,11 +558,15 @@ class ApiTest(tf.test.TestCase, parameterized.TestCase):
         sig = inspect.signature(fv1.LazyAdamOptimizer)
         self.assertEqual([(p.name, p.default) for p in sig.parameters.values()],
                          [("learning_rate", 0.001), ("beta1", 0.9), ("beta2", 0.999),
-                          ("epsilon", 1e-08), ("use_locking", False), ("name", "Adam")])
+                          ("epsilon", 1e-08), ("use_locking", False), ("name", "Adam"),
+                          # fusedopt's own, keyword only: compact slots
+                          ("slot_dtype", None), ("stochastic_rounding", False)])
         sig = inspect.signature(fv1.AdamaxOptimizer)
         self.assertEqual([(p.name, p.default) for p in sig.parameters.values()],
                          [("learning_rate", 0.001), ("beta1", 0.9), ("beta2", 0.999),
-                          ("epsilon", 1e-08), ("use_locking", False), ("name", "AdaMax")])
+                          ("epsilon", 1e-08), ("use_locking", False), ("name", "AdaMax"),
+                          # fusedopt's own, keyword only: compact slots
+                          ("slot_dtype", None), ("stochastic_rounding", False)])
         sig = inspect.signature(fv1.AdagradOptimizer)
         self.assertEqual([p.name for p in sig.parameters.values()][:4],
                          ["learning_rate", "initial_accumulator_value", "use_locking", "name"])
