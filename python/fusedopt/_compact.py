@@ -40,6 +40,21 @@ def slot_dtype_for(variable_dtype, slot_dtype):
     return variable_dtype
 
 
+def check_strategy(dtype):
+    """Raises ValueError where the current tf.distribute strategy cannot make a slot of
+    `dtype`: MultiWorkerMirroredStrategy broadcasts every new variable's initial value
+    from the chief with a collective op that has no bfloat16 kernel (TF's limitation)."""
+    if dtype != tf.bfloat16 or not tf.distribute.has_strategy():
+        return
+    strategy = tf.distribute.get_strategy()
+    if (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+            and getattr(strategy.extended, "_num_workers", 1) > 1):
+        raise ValueError(
+            "slot_dtype='bfloat16' under MultiWorkerMirroredStrategy with more than one "
+            "worker: TensorFlow broadcasts each new variable's initial value with a "
+            "collective op that has no bfloat16 kernel; use slot_dtype='float16' there")
+
+
 def config(slot_dtype, stochastic_rounding):
     """The config entries of the options, only where set (the config stays the replaced
     class's otherwise)."""

@@ -32,7 +32,10 @@ OPTIMIZERS = {"LazyAdam": dict(learning_rate=0.05), "Adamax": dict(learning_rate
               "Adagrad": dict(learning_rate=0.3), "RowWiseAdagrad": dict(learning_rate=0.3),
               "PartialRowWiseAdam": dict(learning_rate=0.05),
               "LazyAdam:lazy_weight_decay": dict(learning_rate=0.05, weight_decay=0.1,
-                                                 lazy_weight_decay=True)}
+                                                 lazy_weight_decay=True),
+              # compact slots, made beside each replica's variable (bfloat16; float16
+              # under MultiWorkerMirrored: main() sets it, and checks bfloat16's refusal)
+              "LazyAdam:compact_slots": dict(learning_rate=0.05, slot_dtype="bfloat16")}
 
 
 def make_optimizer(opt_name):
@@ -123,8 +126,13 @@ class _null:
         return False
 
 
+# The slots' dtypes the fused single-variable ops were called with (record_kernels).
+SLOT_DTYPES = set()
+
+
 def record_kernels():
-    """Which fused kernels (rule, sparse) the optimizers traced."""
+    """Which fused kernels (rule, sparse) the optimizers traced (and, in SLOT_DTYPES, with
+    slots of which dtypes)."""
     from fusedopt import _dispatch
 
     seen = set()
@@ -132,7 +140,13 @@ def record_kernels():
 
     def op(rule, sparse):
         seen.add("%s/%s" % (rule, "sparse" if sparse else "dense"))
-        return original(rule, sparse)
+        fn = original(rule, sparse)
+
+        def call(variable, *slots, **kwargs):
+            SLOT_DTYPES.update(tf.as_dtype(s.dtype).base_dtype.name for s in slots)
+            return fn(variable, *slots, **kwargs)
+
+        return call
 
     _dispatch._op = op
     return seen
@@ -225,18 +239,29 @@ def main():
         raise SystemExit("unknown mode %r" % mode)
     seen = record_kernels()
     result = {"replicas": strategy.num_replicas_in_sync, "runs": {}}
+    if mode != "mirrored":  # TF broadcasts new variables' values: no bfloat16 kernel there
+        OPTIMIZERS["LazyAdam:compact_slots"]["slot_dtype"] = "float16"
+        try:
+            with strategy.scope():
+                import fusedopt.keras
+
+                var = tf.Variable(tf.zeros([2, 2]))
+                fusedopt.keras.LazyAdam(slot_dtype="bfloat16").build([var])
+        except ValueError as e:
+            result["bfloat16_refused"] = str(e)
     kinds = sys.argv[3].split(",") if len(sys.argv) > 3 else ["dense", "embedding"]
     opts = sys.argv[4].split(",") if len(sys.argv) > 4 else list(OPTIMIZERS)
     for kind in kinds:
         for name in opts:
             seen.clear()
+            SLOT_DTYPES.clear()
             run = train_loop if mode == "multiworker_loop" else train
             dist_w, dist_loss = run(kind, name, strategy)
-            dist_kernels = sorted(seen)
+            dist_kernels, slot_dtypes = sorted(seen), sorted(SLOT_DTYPES)
             local_w, local_loss = run(kind, name)
             result["runs"]["%s/%s" % (kind, name)] = dict(
                 distributed=dist_w, local=local_w, distributed_loss=dist_loss,
-                local_loss=local_loss, kernels=dist_kernels)
+                local_loss=local_loss, kernels=dist_kernels, slot_dtypes=slot_dtypes)
             print("done", kind, name, flush=True)
     with open(out, "w") as f:
         json.dump(result, f)

@@ -102,7 +102,8 @@ def main():
     parser.add_argument("--kill_pid", type=int)
     parser.add_argument("--ckpt", required=True)
     parser.add_argument("--optimizer", default="LazyAdam",
-                        help="the fusedopt.keras class trained (constructed with LR)")
+                        help="the fusedopt.keras class trained (constructed with LR); "
+                             "Class:bf16 with bfloat16 slots")
     parser.add_argument("--expect_failure", action="store_true",
                         help="one step only; write the error it raises (ps tasks started "
                              "without the op library)")
@@ -110,7 +111,9 @@ def main():
     result = {}
 
     def make_optimizer():
-        return getattr(fusedopt.keras, args.optimizer)(LR)
+        name, _, variant = args.optimizer.partition(":")
+        compact = {"bf16": {"slot_dtype": "bfloat16"}, "": {}}[variant]
+        return getattr(fusedopt.keras, name)(LR, **compact)
 
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     partitioner = tf.distribute.experimental.partitioners.FixedShardsPartitioner(num_shards=2)
@@ -156,6 +159,8 @@ def main():
     result["slot_devices"] = [[s.name, s.device] for v in opt.variables
                               for s in getattr(v, "variables", [v])]
     result["slot_shapes"] = {s.name: s.shape.as_list() for v in opt.variables
+                             for s in getattr(v, "variables", [v])}
+    result["slot_dtypes"] = {s.name: tf.as_dtype(s.dtype).name for v in opt.variables
                              for s in getattr(v, "variables", [v])}
 
     local = build()

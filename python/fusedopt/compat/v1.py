@@ -96,6 +96,7 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
         """A slot filled with `value`: var's shape, or (row_wise) one value per row of var,
         shape var.shape[:1]; of the slot dtype (compact slots: fusedopt._compact)."""
         dtype = _compact.slot_dtype_for(var.dtype, self._slot_dtype)
+        _compact.check_strategy(dtype)
         shape = var.get_shape()[:1] if row_wise else var.get_shape()
         if shape.is_fully_defined():
             init = tf.compat.v1.constant_initializer(value, dtype=dtype)

@@ -107,6 +107,7 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
         dtype = _compact.slot_dtype_for(reference.dtype, self.slot_dtype)
         if dtype == tf.as_dtype(reference.dtype) or name in self._BASE_VARIABLES:
             return super().add_variable_from_reference(*args, **kwargs)
+        _compact.check_strategy(dtype)
         if not _KERAS3:
             # Keras 2.15's base makes the variable in the reference's dtype: it sees the
             # reference in the slot dtype (colocated with the variable itself, as its
@@ -347,6 +348,7 @@ def _new_optimizer(rule, spec):
     def _slot_variable(self, var, slot_name, value, row_wise):
         shape = tuple(var.shape[:1]) if row_wise else tuple(var.shape)
         dtype = _compact.slot_dtype_for(var.dtype, self.slot_dtype)
+        _compact.check_strategy(dtype)
         if keras3:
             path = getattr(var, "path", None) or str(var.name).replace(":", "_")
             # Filled in one buffer (Keras's Constant initializer multiplies a second,

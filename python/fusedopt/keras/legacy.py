@@ -63,6 +63,7 @@ class _FusedApply(_packs.PacksOfOptimizer):
     def add_slot(self, var, slot_name, initializer="zeros", shape=None):
         dtype = _compact.slot_dtype_for(getattr(var, "true_dtype", var.dtype), self.slot_dtype)
         if slot_name in self._fused_spec.slots and dtype != var.dtype.base_dtype:
+            _compact.check_strategy(dtype)
             var = _compact.SlotDtypeView(var, dtype)
         return super().add_slot(var, slot_name, initializer, shape)
 
