@@ -89,6 +89,46 @@ inline Shape InputShape(tfw::XlaOpKernelContext* ctx, int input, absl::Status* s
   return Shape(shape->dimensions().begin(), shape->dimensions().end());
 }
 
+// The CPU kernels' dtype rules (tf_types.h, apply_kernel.h, group_kernel.h) for an op whose
+// T is known only at run time: var of T; every slot of one storage dtype, T's own or, for a
+// float32 var, bfloat16 or half (compact slots). Same words; "" when fine. `name`/`first_name`
+// name the state input and the first slot ("m", "m[0]").
+inline std::string VarDtypeError(tfw::DataType t, const std::string& name, tfw::DataType got) {
+  return got == t ? std::string() : DtypeMismatch(name, got, t);
+}
+
+inline std::string SlotDtypeError(tfw::DataType t, const std::string& name, tfw::DataType got,
+                                  const std::string& first_name, tfw::DataType first) {
+  std::string error;
+  ForEachType(StorageTypes{}, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (tfw::DataTypeToEnum<T>::value == t && !SlotStorageAllowed<T>(got)) {
+      error = SlotDtypeRefused<T>(name, got);
+    }
+  });
+  if (!error.empty() || got == first) return error;
+  return name + " has dtype " + tfw::DataTypeString(got) + " but " + first_name + " has " +
+         tfw::DataTypeString(first) + ": an update's slots are stored in one dtype";
+}
+
+// XLA's element type of a TF dtype (the op's dtypes are all XLA types).
+inline xla::PrimitiveType PrimitiveTypeOf(tfw::DataType dtype, absl::Status* status) {
+  xla::PrimitiveType type = xla::PRIMITIVE_TYPE_INVALID;
+  const absl::Status s = tfw::DataTypeToPrimitiveType(dtype, &type);
+  if (!s.ok()) *status = s;
+  return type;
+}
+
+// The custom call's options operand (both lowerings' kernels read the attributes): one
+// byte per rule option, then one for stochastic_rounding.
+template <typename Rule>
+std::vector<uint8_t> OptionBytes(const bool* options, bool stochastic) {
+  std::vector<uint8_t> bytes(NumOptions<Rule>() + 1, 0);
+  for (int i = 0; i < NumOptions<Rule>(); ++i) bytes[i] = options[i] ? 1 : 0;
+  bytes[NumOptions<Rule>()] = stochastic ? 1 : 0;
+  return bytes;
+}
+
 // XLA resolves every use of one variable in a computation to one XlaResource, so two
 // state inputs with the same resource are one variable passed twice (var and its own slot,
 // or two members of a group): both lowerings would write one buffer twice and corrupt it.

@@ -56,10 +56,11 @@ inline std::optional<ffi::Error> StateBuffer(const ffi::RemainingArgs& args,
 }
 
 // The rule's Params from its scalar hyper-parameter arguments (first_hyper, ...) and the
-// options argument (one byte per option).
+// options argument (one byte per option, then stochastic_rounding's: OptionBytes).
 template <typename Rule, typename T>
-std::optional<ffi::Error> ReadParams(const ffi::RemainingArgs& args, int64_t first_hyper, int64_t options_at,
-                      ParamsFor<Rule, T>* params) {
+std::optional<ffi::Error> ReadParams(const ffi::RemainingArgs& args, int64_t first_hyper,
+                                     int64_t options_at, ParamsFor<Rule, T>* params,
+                                     bool* stochastic) {
   std::array<const T*, NumHyper<Rule>()> hyper;
   for (int i = 0; i < NumHyper<Rule>(); ++i) {
     auto h = args.get<ffi::AnyBuffer>(first_hyper + i);
@@ -71,24 +72,57 @@ std::optional<ffi::Error> ReadParams(const ffi::RemainingArgs& args, int64_t fir
   std::array<bool, NumOptions<Rule>()> flags{};
   const auto* option_bytes = static_cast<const uint8_t*>(options->untyped_data());
   for (int i = 0; i < NumOptions<Rule>(); ++i) flags[i] = option_bytes[i] != 0;
+  *stochastic = option_bytes[NumOptions<Rule>()] != 0;
   *params = PrepareParams<Rule, T>(hyper.data(), flags.data());
   return std::nullopt;
 }
 
-// Call::Typed<T>(pool, args, rets) for the storage type of the first argument (var).
+// Call::Typed<T, S>(pool, args, rets) for var's storage type T and the slots' S: T, or for a
+// float32 var bfloat16/half (compact slots). The op kernel refused every other combination
+// at compile time; the handler checks again that all slots share one type.
+template <typename Call, typename T>
+ffi::Error RunWithSlots(ffi::ThreadPool& pool, const ffi::RemainingArgs& args,
+                        const ffi::RemainingRets& rets, ffi::DataType var_type) {
+  if constexpr (Call::kSlots == 0) {
+    return Call::template Typed<T, T>(pool, args, rets);
+  } else {
+    const int64_t first = Call::FirstSlotArg(args), count = Call::SlotArgs(args);
+    auto slot = args.get<ffi::AnyBuffer>(first);
+    if (!slot.has_value()) return slot.error();
+    const ffi::DataType slot_type = slot->element_type();
+    for (int64_t j = first + 1; j < first + count; ++j) {
+      auto other = args.get<ffi::AnyBuffer>(j);
+      if (!other.has_value()) return other.error();
+      if (other->element_type() != slot_type) {
+        return ffi::Error::InvalidArgument("fusedopt: an update's slots are stored in one dtype");
+      }
+    }
+    if (slot_type == var_type) return Call::template Typed<T, T>(pool, args, rets);
+    if constexpr (std::is_same_v<T, float>) {
+      if (slot_type == ffi::DataType::BF16) {
+        return Call::template Typed<T, bfloat16_t>(pool, args, rets);
+      }
+      if (slot_type == ffi::DataType::F16) return Call::template Typed<T, half_t>(pool, args, rets);
+    }
+    return ffi::Error::InvalidArgument("fusedopt: unsupported slot dtype");
+  }
+}
+
+// RunWithSlots for the storage type of the first argument (var).
 template <typename Call>
 ffi::Error RunTyped(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets) {
   auto var = args.get<ffi::AnyBuffer>(0);
   if (!var.has_value()) return var.error();
-  switch (var->element_type()) {
+  const ffi::DataType type = var->element_type();
+  switch (type) {
     case ffi::DataType::F16:
-      return Call::template Typed<half_t>(pool, args, rets);
+      return RunWithSlots<Call, half_t>(pool, args, rets, type);
     case ffi::DataType::BF16:
-      return Call::template Typed<bfloat16_t>(pool, args, rets);
+      return RunWithSlots<Call, bfloat16_t>(pool, args, rets, type);
     case ffi::DataType::F32:
-      return Call::template Typed<float>(pool, args, rets);
+      return RunWithSlots<Call, float>(pool, args, rets, type);
     case ffi::DataType::F64:
-      return Call::template Typed<double>(pool, args, rets);
+      return RunWithSlots<Call, double>(pool, args, rets, type);
     default:
       return ffi::Error::InvalidArgument("fusedopt: unsupported variable dtype");
   }
@@ -111,31 +145,42 @@ struct FfiCall {
   static constexpr int kSlots = NumSlots<Rule>();
   static constexpr int kHyper = NumHyper<Rule>();
 
-  template <typename T>
+  static int64_t FirstSlotArg(const ffi::RemainingArgs&) { return 1; }
+  static int64_t SlotArgs(const ffi::RemainingArgs&) { return kSlots; }
+
+  // T: var's storage type; S: the slots'.
+  template <typename T, typename S>
   static ffi::Error Typed(ffi::ThreadPool& pool, const ffi::RemainingArgs& args,
                           const ffi::RemainingRets& rets) {
     // Arguments: var, slots, hyper-parameters, grad, [indices], options; results: var, slots.
-    std::array<T*, 1 + kSlots> state;
+    T* var = nullptr;
+    std::array<S*, kSlots> slots;
     int64_t elements = 0, num_rows = 0;
     for (int i = 0; i <= kSlots; ++i) {
       void* data = nullptr;
       int64_t count = 0, rows = 0;
       if (auto e = StateBuffer(args, rets, i, &data, &count, &rows)) return std::move(*e);
-      state[i] = static_cast<T*>(data);
-      if (i == 0) elements = count, num_rows = rows;
+      if (i == 0) {
+        var = static_cast<T*>(data);
+        elements = count, num_rows = rows;
+      } else {
+        slots[i - 1] = static_cast<S*>(data);
+      }
     }
     auto grad = args.get<ffi::AnyBuffer>(1 + kSlots + kHyper);
     if (!grad.has_value()) return grad.error();
     ParamsFor<Rule, T> params;
+    bool stochastic = false;
     if (auto e = ReadParams<Rule, T>(args, 1 + kSlots, 2 + kSlots + kHyper + (kSparse ? 1 : 0),
-                                     &params)) {
+                                     &params, &stochastic)) {
       return std::move(*e);
     }
     const T* grad_data = static_cast<const T*>(grad->untyped_data());
     FfiExecutor executor(pool);
     const int64_t row_size = num_rows == 0 ? 0 : elements / num_rows;
     if constexpr (!kSparse) {
-      ApplyDense<Rule, T>(params, state[0], &state[1], grad_data, elements, row_size, executor);
+      ApplyDense<Rule, T, S>(params, var, slots.data(), grad_data, elements, row_size, executor,
+                             stochastic);
       return ffi::Error::Success();
     } else {
       auto indices = args.get<ffi::AnyBuffer>(2 + kSlots + kHyper);
@@ -143,15 +188,13 @@ struct FfiCall {
       const int64_t n = static_cast<int64_t>(indices->element_count());
       std::string error;
       if (indices->element_type() == ffi::DataType::S32) {
-        error = ApplySparse<Rule, T, int32_t>(params, state[0], &state[1], num_rows, row_size,
-                                              grad_data,
-                                              static_cast<const int32_t*>(indices->untyped_data()),
-                                              n, executor);
+        error = ApplySparse<Rule, T, int32_t, S>(
+            params, var, slots.data(), num_rows, row_size, grad_data,
+            static_cast<const int32_t*>(indices->untyped_data()), n, executor, stochastic);
       } else {
-        error = ApplySparse<Rule, T, int64_t>(params, state[0], &state[1], num_rows, row_size,
-                                              grad_data,
-                                              static_cast<const int64_t*>(indices->untyped_data()),
-                                              n, executor);
+        error = ApplySparse<Rule, T, int64_t, S>(
+            params, var, slots.data(), num_rows, row_size, grad_data,
+            static_cast<const int64_t*>(indices->untyped_data()), n, executor, stochastic);
       }
       if (!error.empty()) return ffi::Error::InvalidArgument(error);
       return ffi::Error::Success();
@@ -167,26 +210,34 @@ struct FfiGroupCall {
   static constexpr int kSlots = NumSlots<Rule>();
   static constexpr int kHyper = NumHyper<Rule>();
 
-  template <typename T>
+  // Members: N = (arguments - hyper-parameters - options) / (var, slots, grad).
+  static int64_t Members(const ffi::RemainingArgs& args) {
+    return (static_cast<int64_t>(args.size()) - kHyper - 1) / (2 + kSlots);
+  }
+  static int64_t FirstSlotArg(const ffi::RemainingArgs& args) { return Members(args); }
+  static int64_t SlotArgs(const ffi::RemainingArgs& args) { return kSlots * Members(args); }
+
+  // T: the vars' storage type; S: the slots'.
+  template <typename T, typename S>
   static ffi::Error Typed(ffi::ThreadPool& pool, const ffi::RemainingArgs& args,
                           const ffi::RemainingRets& rets) {
-    const int64_t n = (static_cast<int64_t>(args.size()) - kHyper - 1) / (2 + kSlots);
+    const int64_t n = Members(args);
     const int64_t num_state = (1 + kSlots) * n;
     if (n < 1 || static_cast<int64_t>(rets.size()) != num_state) {
       return ffi::Error::InvalidArgument("fusedopt: malformed group custom call");
     }
-    std::vector<DenseTensor<Rule, T>> tensors(n);
+    std::vector<DenseTensor<Rule, T, S>> tensors(n);
     for (int64_t j = 0; j < num_state; ++j) {
       void* data = nullptr;
       int64_t count = 0, rows = 0;
       if (auto e = StateBuffer(args, rets, j, &data, &count, &rows)) return std::move(*e);
-      DenseTensor<Rule, T>& x = tensors[j % n];
+      DenseTensor<Rule, T, S>& x = tensors[j % n];
       if (j < n) {
         x.var = static_cast<T*>(data);
         x.n = count;
         x.row_size = rows == 0 ? 0 : count / rows;
       } else {
-        x.slots[j / n - 1] = static_cast<T*>(data);
+        x.slots[j / n - 1] = static_cast<S*>(data);
       }
     }
     for (int64_t v = 0; v < n; ++v) {
@@ -195,11 +246,13 @@ struct FfiGroupCall {
       tensors[v].grad = static_cast<const T*>(grad->untyped_data());
     }
     ParamsFor<Rule, T> params;
-    if (auto e = ReadParams<Rule, T>(args, num_state, num_state + kHyper + n, &params)) {
+    bool stochastic = false;
+    if (auto e = ReadParams<Rule, T>(args, num_state, num_state + kHyper + n, &params,
+                                     &stochastic)) {
       return std::move(*e);
     }
     FfiExecutor executor(pool);
-    ApplyDenseGroup<Rule, T>(params, tensors.data(), n, executor);
+    ApplyDenseGroup<Rule, T, S>(params, tensors.data(), n, executor, stochastic);
     return ffi::Error::Success();
   }
 

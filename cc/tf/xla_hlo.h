@@ -90,6 +90,88 @@ inline xla::XlaOp RowSumHlo(xla::XlaOp term, int64_t rows, int64_t row_size,
   return xla::Reshape(sum, {rows});
 }
 
+// ---------------------------------------------------------------------------------------
+// Slot stores (numeric.h): to nearest even (XLA's conversion) or, stochastic_rounding of a
+// 16-bit slot, numeric.h's StoreSlot<true> in U32 bit operations, so that every element
+// gets the CPU engine's bits: the same hash of the value and the salt, the same add and
+// truncation, the same Inf/NaN and (half) out-of-range fallbacks to nearest.
+
+inline bool IsCompactType(xla::PrimitiveType type) {
+  return type == xla::BF16 || type == xla::F16;
+}
+
+inline xla::XlaOp U32Const(xla::XlaBuilder* b, uint32_t v) {
+  return xla::ConstantR0<uint32_t>(b, v);
+}
+
+// numeric.h MixBits on U32 (XLA's U32 arithmetic wraps, as uint32_t's does).
+inline xla::XlaOp MixBitsHlo(xla::XlaOp x) {
+  xla::XlaBuilder* b = x.builder();
+  x = xla::Xor(x, xla::ShiftRightLogical(x, U32Const(b, 16)));
+  x = xla::Mul(x, U32Const(b, 0x85ebca6bu));
+  x = xla::Xor(x, xla::ShiftRightLogical(x, U32Const(b, 13)));
+  x = xla::Mul(x, U32Const(b, 0xc2b2ae35u));
+  return xla::Xor(x, xla::ShiftRightLogical(x, U32Const(b, 16)));
+}
+
+// numeric.h RoundingNoise: `bits` the stored value's float bits, `salt_bits` U32 of its shape.
+inline xla::XlaOp RoundingNoiseHlo(xla::XlaOp bits, xla::XlaOp salt_bits, int slot) {
+  xla::XlaBuilder* b = bits.builder();
+  const uint32_t step = 0x9e3779b9u * static_cast<uint32_t>(slot + 1);
+  return MixBitsHlo(xla::Xor(bits, MixBitsHlo(xla::Add(salt_bits, U32Const(b, step)))));
+}
+
+// numeric.h ToBfloat16Stochastic on the float bits u: bfloat16 bits in U32.
+inline xla::XlaOp Bfloat16StochasticBits(xla::XlaOp u, xla::XlaOp noise) {
+  xla::XlaBuilder* b = u.builder();
+  const xla::XlaOp high = xla::ShiftRightLogical(u, U32Const(b, 16));
+  // Inf and NaN as ToBfloat16: Inf's dropped bits are 0; NaN stays a quiet NaN, sign kept.
+  const xla::XlaOp exponent = U32Const(b, 0x7f800000u);
+  const xla::XlaOp special = xla::Eq(xla::And(u, exponent), exponent);
+  const xla::XlaOp nan = xla::Gt(xla::And(u, U32Const(b, 0x7fffffffu)), exponent);
+  const xla::XlaOp nearest = xla::Select(nan, xla::Or(high, U32Const(b, 0x0040u)), high);
+  const xla::XlaOp rounded = xla::ShiftRightLogical(
+      xla::Add(u, xla::And(noise, U32Const(b, 0xffffu))), U32Const(b, 16));
+  return xla::Select(special, nearest, rounded);
+}
+
+// numeric.h ToHalfStochastic on the float bits u: half bits in U32. Outside half's normal
+// range, ToHalf's own steps (overflow to Inf, NaN to 0x7e00, below the normal range one
+// float add of 0.5 rounding the subnormal).
+inline xla::XlaOp HalfStochasticBits(xla::XlaOp u, xla::XlaOp noise) {
+  xla::XlaBuilder* b = u.builder();
+  const xla::XlaOp magnitude = xla::And(u, U32Const(b, 0x7fffffffu));
+  const xla::XlaOp sign =
+      xla::And(xla::ShiftRightLogical(u, U32Const(b, 16)), U32Const(b, 0x8000u));
+  const xla::XlaOp below = xla::Lt(magnitude, U32Const(b, 113u << 23));
+  const xla::XlaOp above = xla::Ge(magnitude, U32Const(b, 143u << 23));
+  const xla::XlaOp rebiased = xla::Add(magnitude, U32Const(b, (15u - 127u) << 23));  // wraps
+  const xla::XlaOp rounded = xla::ShiftRightLogical(
+      xla::Add(rebiased, xla::And(noise, U32Const(b, 0x1fffu))), U32Const(b, 13));
+  const xla::XlaOp overflow = xla::Select(xla::Gt(magnitude, U32Const(b, 255u << 23)),
+                                          U32Const(b, 0x7e00u), U32Const(b, 0x7c00u));
+  const uint32_t magic = ((127u - 15u) + (23u - 10u) + 1u) << 23;  // 0.5f
+  const xla::XlaOp sum = xla::Add(xla::BitcastConvertType(magnitude, xla::F32),
+                                  xla::BitcastConvertType(U32Const(b, magic), xla::F32));
+  const xla::XlaOp subnormal =
+      xla::Sub(xla::BitcastConvertType(sum, xla::U32), U32Const(b, magic));
+  const xla::XlaOp out = xla::Select(below, subnormal, xla::Select(above, overflow, rounded));
+  return xla::Or(out, sign);
+}
+
+// A slot value x (F32, or F64 for a double var) stored as `storage`: to nearest even, or
+// (stochastic, 16-bit storage) stochastically with the noise of slot number `slot` and
+// `salt_bits` (U32 of x's shape: the bits of the var element before the update).
+inline xla::XlaOp StoreSlotHlo(xla::XlaOp x, xla::PrimitiveType storage, bool stochastic,
+                               xla::XlaOp salt_bits, int slot) {
+  if (!stochastic || !IsCompactType(storage)) return xla::ConvertElementType(x, storage);
+  const xla::XlaOp u = xla::BitcastConvertType(x, xla::U32);
+  const xla::XlaOp noise = RoundingNoiseHlo(u, salt_bits, slot);
+  const xla::XlaOp bits = storage == xla::BF16 ? Bfloat16StochasticBits(u, noise)
+                                               : HalfStochasticBits(u, noise);
+  return xla::BitcastConvertType(xla::ConvertElementType(bits, xla::U16), storage);
+}
+
 template <typename Rule>
 struct HloState {
   xla::XlaOp var;
@@ -107,14 +189,20 @@ typename Rule::template Params<XlaValue> HloParams(tfw::XlaOpKernelContext* ctx,
   return Rule::template Prepare<XlaValue>(hyper.data(), options);
 }
 
-// Update() over whole arrays (already in the compute type), results in `storage`. var and
+// Update() over whole arrays (already in the compute type), results in `storage` (var) and
+// `slot_storage` (the slots: StoreSlotHlo, stochastically where asked). var and
 // grad are [rows, ...] (or a scalar: one row), per-element slots the same, per-row slots
 // [rows] ([]); with a per-row phase, UpdateRow() on the row sums first, its results
-// broadcast along the rows.
+// broadcast along the rows. The salt of stochastic rounding is var's element before the
+// update (a per-row slot: the row's first element; 0 for rows of no elements), as on the CPU.
 template <typename Rule>
 HloState<Rule> HloUpdate(const typename Rule::template Params<XlaValue>& params, xla::XlaOp var,
                          const std::array<xla::XlaOp, NumSlots<Rule>()>& slots, xla::XlaOp grad,
-                         xla::PrimitiveType storage) {
+                         xla::PrimitiveType storage, xla::PrimitiveType slot_storage,
+                         bool stochastic) {
+  stochastic = stochastic && IsCompactType(slot_storage);
+  xla::XlaOp salt, row_salt;  // U32, with stochastic only
+  if (stochastic) salt = xla::BitcastConvertType(var, xla::U32);
   XlaValue v = var;
   XlaValue s[NumSlots<Rule>()];
   for (int k = 0; k < NumSlots<Rule>(); ++k) s[k] = slots[k];
@@ -154,12 +242,21 @@ HloState<Rule> HloUpdate(const typename Rule::template Params<XlaValue>& params,
     for (int k = 0; k < NumSlots<Rule>(); ++k) {
       if (IsPerRowSlot<Rule>(k)) s[k] = xla::Reshape(row_slots[k].op(), slot_dims);
     }
+    if (stochastic && rows * row_size > 0) {  // each row's first element
+      row_salt = xla::Reshape(
+          xla::SliceInDim(xla::Reshape(salt, {rows, row_size}), 0, 1, 1, 1), slot_dims);
+    } else if (stochastic) {
+      row_salt = xla::Broadcast(U32Const(b, 0), slot_dims);
+    }
   } else {
     Rule::Update(params, v, s, XlaValue(grad));
   }
   HloState<Rule> out;
   out.var = xla::ConvertElementType(v.op(), storage);
-  for (int k = 0; k < NumSlots<Rule>(); ++k) out.slots[k] = xla::ConvertElementType(s[k].op(), storage);
+  for (int k = 0; k < NumSlots<Rule>(); ++k) {
+    out.slots[k] = StoreSlotHlo(s[k].op(), slot_storage, stochastic,
+                                IsPerRowSlot<Rule>(k) ? row_salt : salt, k);
+  }
   return out;
 }
 

@@ -12,6 +12,11 @@
 //     the touched rows, update them and scatter them back: static shapes of the batch, never
 //     of the table. XLA cannot raise at run time, so a call with any out-of-range id writes
 //     nothing at all (all or nothing) and raises nothing.
+// Compact slots (numeric.h: bfloat16/half slots beside a float32 variable, one slot dtype per
+// update, the CPU kernels' refusals and words at compile time) in both: the custom call runs
+// the engine with the slots' storage type, the HLO converts slots to float32 and back, to
+// nearest or (stochastic_rounding) with numeric.h's stochastic rounding as U32 bit
+// operations (xla_hlo.h StoreSlotHlo): the same bits for the same float32 values.
 // Ref-variable ops have no XLA kernels: XLA compiles resource variables only.
 //
 // XLA builds its JIT kernel list once, at the process's first XLA compilation; a library

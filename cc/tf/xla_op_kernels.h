@@ -25,22 +25,40 @@ class FusedApplyXlaOp : public tfw::XlaOpKernel {
       : XlaOpKernel(ctx),
         on_cpu_(ctx->device_type() == tfw::DeviceType(tfw::DEVICE_CPU_XLA_JIT)) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &dtype_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("stochastic_rounding", &stochastic_));
     for (int i = 0; i < NumOptions<Rule>(); ++i) {
       OP_REQUIRES_OK(ctx, ctx->GetAttr(Rule::kOptions[i].name, &options_[i]));
     }
   }
 
   void Compile(tfw::XlaOpKernelContext* ctx) override {
-    OP_REQUIRES_OK(ctx, CheckDistinctVariables(ctx, 1 + kSlots, [](int64_t i) {
-                     return i == 0 ? "var" : Rule::kSlots[i - 1];
-                   }));
+    // The CPU kernel's checks in its order, at compile time: every variable initialized;
+    // then for each in turn its dtype (var: T; slots: one storage dtype, T's or for a
+    // float32 var bfloat16/half) and that it is none of the ones before it.
+    std::array<tfw::DataType, 1 + kSlots> types;
+    for (int i = 0; i <= kSlots; ++i) {
+      tfw::TensorShape shape;
+      OP_REQUIRES_OK(ctx, ctx->GetVariableTypeAndShape(i, &types[i], &shape));
+    }
+    for (int i = 0; i <= kSlots; ++i) {
+      const std::string error =
+          i == 0 ? VarDtypeError(dtype_, StateName(0), types[0])
+                 : SlotDtypeError(dtype_, StateName(i), types[i], StateName(1), types[1]);
+      OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(error));
+      OP_REQUIRES_OK(ctx, CheckDistinctVariables(ctx, i + 1, StateName));
+    }
     std::array<xla::XlaOp, 1 + kSlots> state;
     std::array<Shape, 1 + kSlots> shapes;
     for (int i = 0; i <= kSlots; ++i) {
       tfw::TensorShape shape;
-      OP_REQUIRES_OK(ctx, ctx->ReadVariableInput(i, dtype_, &shape, &state[i]));
+      OP_REQUIRES_OK(ctx, ctx->ReadVariableInput(i, types[i], &shape, &state[i]));
       shapes[i] = ToShape(shape);
     }
+    absl::Status type_status;
+    const xla::PrimitiveType storage = PrimitiveTypeOf(dtype_, &type_status);
+    const xla::PrimitiveType slot_storage =
+        kSlots > 0 ? PrimitiveTypeOf(types[std::min(1, kSlots)], &type_status) : storage;
+    OP_REQUIRES_OK(ctx, type_status);
     absl::Status status;
     std::array<Shape, kHyper> hyper_shapes;
     for (int i = 0; i < kHyper; ++i) hyper_shapes[i] = InputShape(ctx, 1 + kSlots + i, &status);
@@ -58,47 +76,46 @@ class FusedApplyXlaOp : public tfw::XlaOpKernel {
     if (UseCustomCall(on_cpu_)) {
       CompileCustomCall(ctx, state, &updated);
     } else if constexpr (kSparse) {
-      write = CompileHloSparse(ctx, state, shapes[0], indices_shape[0], &updated);
+      write = CompileHloSparse(ctx, state, storage, slot_storage, shapes[0], indices_shape[0],
+                               &updated);
     } else {
-      CompileHloDense(ctx, state, &updated);
+      CompileHloDense(ctx, state, storage, slot_storage, &updated);
     }
     if (!ctx->status().ok() || !write) return;
     OP_REQUIRES_OK(ctx, ctx->builder()->first_error());
     for (int i = 0; i <= kSlots; ++i) {
-      OP_REQUIRES_OK(ctx, ctx->AssignVariable(i, dtype_, updated[i]));
+      OP_REQUIRES_OK(ctx, ctx->AssignVariable(i, types[i], updated[i]));
     }
   }
 
  private:
-  xla::PrimitiveType StorageType(tfw::XlaOpKernelContext* ctx) {
-    xla::PrimitiveType type;
-    const absl::Status s = tfw::DataTypeToPrimitiveType(dtype_, &type);
-    if (!s.ok()) ctx->SetStatus(s);
-    return type;
-  }
+  static const char* StateName(int64_t i) { return i == 0 ? "var" : Rule::kSlots[i - 1]; }
 
+  // var's element type `storage`, the slots' `slot_storage`.
   void CompileHloDense(tfw::XlaOpKernelContext* ctx, const std::array<xla::XlaOp, 1 + kSlots>& state,
+                       xla::PrimitiveType storage, xla::PrimitiveType slot_storage,
                        std::array<xla::XlaOp, 1 + kSlots>* updated) {
     xla::XlaBuilder* b = ctx->builder();
-    const xla::PrimitiveType storage = StorageType(ctx);
     const xla::PrimitiveType compute = ComputeTypeOf(storage);
     XlaValueScope scope(b, compute);
     const auto params = HloParams<Rule>(ctx, 1 + kSlots, compute, options_.data());
     std::array<xla::XlaOp, kSlots> slots;
     for (int k = 0; k < kSlots; ++k) slots[k] = xla::ConvertElementType(state[k + 1], compute);
-    const HloState<Rule> out =
-        HloUpdate<Rule>(params, xla::ConvertElementType(state[0], compute), slots,
-                        xla::ConvertElementType(ctx->Input(kGradInput), compute), storage);
+    const HloState<Rule> out = HloUpdate<Rule>(
+        params, xla::ConvertElementType(state[0], compute), slots,
+        xla::ConvertElementType(ctx->Input(kGradInput), compute), storage, slot_storage,
+        stochastic_);
     (*updated)[0] = out.var;
     for (int k = 0; k < kSlots; ++k) (*updated)[k + 1] = out.slots[k];
   }
 
   // Returns false when there is nothing to write (no ids, or rows of no elements).
   bool CompileHloSparse(tfw::XlaOpKernelContext* ctx,
-                        const std::array<xla::XlaOp, 1 + kSlots>& state, const Shape& var_shape,
-                        int64_t n, std::array<xla::XlaOp, 1 + kSlots>* updated) {
+                        const std::array<xla::XlaOp, 1 + kSlots>& state,
+                        xla::PrimitiveType storage, xla::PrimitiveType slot_storage,
+                        const Shape& var_shape, int64_t n,
+                        std::array<xla::XlaOp, 1 + kSlots>* updated) {
     xla::XlaBuilder* b = ctx->builder();
-    const xla::PrimitiveType storage = StorageType(ctx);
     const xla::PrimitiveType compute = ComputeTypeOf(storage);
     const int64_t num_rows = var_shape[0];
     int64_t row_size = 1;
@@ -156,13 +173,14 @@ class FusedApplyXlaOp : public tfw::XlaOpKernel {
     }
     const HloState<Rule> out = HloUpdate<Rule>(
         params, xla::ConvertElementType(GatherRows(state[0], rows), compute), slot_rows, sums,
-        storage);
+        storage, slot_storage, stochastic_);
     const xla::XlaOp write_row = xla::Select(xla::And(head, xla::Broadcast(all_in_range, {n})),
                                              rows, xla::Broadcast(c(num_rows), {n}));
     const xla::XlaComputation replace = ReplaceComputation(b, storage);
+    const xla::XlaComputation replace_slot = ReplaceComputation(b, slot_storage);
     (*updated)[0] = ScatterRows(state[0], write_row, out.var, replace, n, rank);
     for (int k = 0; k < kSlots; ++k) {
-      (*updated)[k + 1] = ScatterRows(state[k + 1], write_row, out.slots[k], replace, n,
+      (*updated)[k + 1] = ScatterRows(state[k + 1], write_row, out.slots[k], replace_slot, n,
                                       IsPerRowSlot<Rule>(k) ? 1 : rank);
     }
     return true;
@@ -176,9 +194,8 @@ class FusedApplyXlaOp : public tfw::XlaOpKernel {
     for (int i = 0; i < kHyper; ++i) operands.push_back(ctx->Input(1 + kSlots + i));
     operands.push_back(ctx->Input(kGradInput));
     if (kSparse) operands.push_back(ctx->Input(kGradInput + 1));
-    std::vector<uint8_t> options(std::max(1, NumOptions<Rule>()), 0);
-    for (int i = 0; i < NumOptions<Rule>(); ++i) options[i] = options_[i] ? 1 : 0;
-    operands.push_back(xla::ConstantR1<uint8_t>(b, options));
+    operands.push_back(
+        xla::ConstantR1<uint8_t>(b, OptionBytes<Rule>(options_.data(), stochastic_)));
     std::vector<xla::Shape> shapes;
     std::vector<std::pair<xla::ShapeIndex, std::pair<int64_t, xla::ShapeIndex>>> aliasing;
     for (int i = 0; i <= kSlots; ++i) {
@@ -197,6 +214,7 @@ class FusedApplyXlaOp : public tfw::XlaOpKernel {
 
   const bool on_cpu_;  // compiling for XLA:CPU
   tfw::DataType dtype_;
+  bool stochastic_ = false;  // stochastic_rounding (of 16-bit slots)
   std::array<bool, NumOptions<Rule>()> options_{};
 };
 
@@ -214,6 +232,7 @@ class FusedGroupApplyXlaOp : public tfw::XlaOpKernel {
         on_cpu_(ctx->device_type() == tfw::DeviceType(tfw::DEVICE_CPU_XLA_JIT)) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &dtype_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("stochastic_rounding", &stochastic_));
     for (int i = 0; i < NumOptions<Rule>(); ++i) {
       OP_REQUIRES_OK(ctx, ctx->GetAttr(Rule::kOptions[i].name, &options_[i]));
     }
@@ -230,20 +249,33 @@ class FusedGroupApplyXlaOp : public tfw::XlaOpKernel {
                   absl::InvalidArgumentError(std::string(Rule::kHyper[i]) +
                                              " must be a scalar, got shape " + ShapeString(shape)));
     }
-    OP_REQUIRES_OK(ctx, CheckDistinctVariables(ctx, num_state, [this](int64_t j) {
-                     const int64_t k = j / n_;
-                     return std::string(k == 0 ? "var" : Rule::kSlots[k - 1]) + "[" +
-                            std::to_string(j % n_) + "]";
-                   }));
-    std::vector<xla::XlaOp> state(num_state);
+    OP_REQUIRES_OK(ctx, CheckDistinctVariables(ctx, num_state,
+                                               [this](int64_t j) { return StateName(j); }));
+    // The CPU kernel's checks in its order: the group's slot dtype (slot 0 of variable 0)
+    // allowed for T, then member by member every dtype (var: T; slots: that one) and the
+    // shapes.
+    std::vector<tfw::DataType> types(num_state);
     std::vector<Shape> shapes(num_state);
     for (int64_t j = 0; j < num_state; ++j) {
       tfw::TensorShape shape;
-      OP_REQUIRES_OK(ctx, ctx->ReadVariableInput(j, dtype_, &shape, &state[j]));
+      OP_REQUIRES_OK(ctx, ctx->GetVariableTypeAndShape(j, &types[j], &shape));
       shapes[j] = ToShape(shape);
+    }
+    const tfw::DataType slot_dtype = kSlots > 0 && n_ > 0 ? types[n_] : dtype_;
+    if (kSlots > 0 && n_ > 0) {
+      const std::string error =
+          SlotDtypeError(dtype_, StateName(n_), slot_dtype, StateName(n_), slot_dtype);
+      OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(error));
     }
     const Shape scalars[kHyper > 0 ? kHyper : 1];
     for (int64_t v = 0; v < n_; ++v) {
+      for (int k = 0; k <= kSlots; ++k) {
+        const int64_t j = k * n_ + v;
+        const std::string error =
+            k == 0 ? VarDtypeError(dtype_, StateName(j), types[j])
+                   : SlotDtypeError(dtype_, StateName(j), types[j], StateName(n_), slot_dtype);
+        OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(error));
+      }
       std::array<Shape, kSlots> slots;
       for (int k = 0; k < kSlots; ++k) slots[k] = shapes[(k + 1) * n_ + v];
       const Shape grad = InputShape(ctx, first_grad + v, &status);
@@ -251,15 +283,19 @@ class FusedGroupApplyXlaOp : public tfw::XlaOpKernel {
       const std::string error = ValidateDense<Rule>(shapes[v], slots.data(), scalars, grad);
       OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(GroupMemberError(v, n_, error)));
     }
+    std::vector<xla::XlaOp> state(num_state);
+    for (int64_t j = 0; j < num_state; ++j) {
+      tfw::TensorShape shape;
+      OP_REQUIRES_OK(ctx, ctx->ReadVariableInput(j, types[j], &shape, &state[j]));
+    }
     xla::XlaBuilder* b = ctx->builder();
     std::vector<xla::XlaOp> updated(num_state);
     if (UseCustomCall(on_cpu_)) {
       std::vector<xla::XlaOp> operands(state);
       for (int i = 0; i < kHyper; ++i) operands.push_back(ctx->Input(first_hyper + i));
       for (int64_t v = 0; v < n_; ++v) operands.push_back(ctx->Input(first_grad + v));
-      std::vector<uint8_t> options(std::max(1, NumOptions<Rule>()), 0);
-      for (int i = 0; i < NumOptions<Rule>(); ++i) options[i] = options_[i] ? 1 : 0;
-      operands.push_back(xla::ConstantR1<uint8_t>(b, options));
+      operands.push_back(
+          xla::ConstantR1<uint8_t>(b, OptionBytes<Rule>(options_.data(), stochastic_)));
       std::vector<xla::Shape> out_shapes;
       std::vector<std::pair<xla::ShapeIndex, std::pair<int64_t, xla::ShapeIndex>>> aliasing;
       for (int64_t j = 0; j < num_state; ++j) {
@@ -275,8 +311,10 @@ class FusedGroupApplyXlaOp : public tfw::XlaOpKernel {
           xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);
       for (int64_t j = 0; j < num_state; ++j) updated[j] = xla::GetTupleElement(call, j);
     } else {
-      xla::PrimitiveType storage;
-      OP_REQUIRES_OK(ctx, tfw::DataTypeToPrimitiveType(dtype_, &storage));
+      absl::Status type_status;
+      const xla::PrimitiveType storage = PrimitiveTypeOf(dtype_, &type_status);
+      const xla::PrimitiveType slot_storage = PrimitiveTypeOf(slot_dtype, &type_status);
+      OP_REQUIRES_OK(ctx, type_status);
       const xla::PrimitiveType compute = ComputeTypeOf(storage);
       XlaValueScope scope(b, compute);
       const auto params = HloParams<Rule>(ctx, first_hyper, compute, options_.data());
@@ -287,21 +325,29 @@ class FusedGroupApplyXlaOp : public tfw::XlaOpKernel {
         }
         const HloState<Rule> out = HloUpdate<Rule>(
             params, xla::ConvertElementType(state[v], compute), slots,
-            xla::ConvertElementType(ctx->Input(first_grad + v), compute), storage);
+            xla::ConvertElementType(ctx->Input(first_grad + v), compute), storage, slot_storage,
+            stochastic_);
         updated[v] = out.var;
         for (int k = 0; k < kSlots; ++k) updated[(k + 1) * n_ + v] = out.slots[k];
       }
     }
     OP_REQUIRES_OK(ctx, b->first_error());
     for (int64_t j = 0; j < num_state; ++j) {
-      OP_REQUIRES_OK(ctx, ctx->AssignVariable(j, dtype_, updated[j]));
+      OP_REQUIRES_OK(ctx, ctx->AssignVariable(j, types[j], updated[j]));
     }
   }
 
  private:
+  // "var[3]", "m[0]": state input j of the group.
+  std::string StateName(int64_t j) const {
+    const int64_t k = j / n_;
+    return std::string(k == 0 ? "var" : Rule::kSlots[k - 1]) + "[" + std::to_string(j % n_) + "]";
+  }
+
   const bool on_cpu_;
   tfw::DataType dtype_;
   int64_t n_ = 0;
+  bool stochastic_ = false;  // stochastic_rounding (of 16-bit slots)
   std::array<bool, NumOptions<Rule>()> options_{};
 };
 
