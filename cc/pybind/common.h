@@ -9,6 +9,8 @@
 
 #include <array>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "cc/core/engine.h"
 #include "cc/core/rules/all_rules.h"
@@ -52,6 +54,14 @@ inline bool OptionValue(const py::handle& value, const char* name) {
     throw py::type_error("option " + std::string(name) + " must be a bool, got " +
                          TypeName(value));
   }
+  return PyObject_IsTrue(value.ptr()) == 1;
+}
+
+// The keyword stochastic_rounding (of compact slots): True/False, as the TF ops' attribute.
+inline bool StochasticRounding(const py::handle& value) {
+  const bool is_bool = py::isinstance<py::bool_>(value) ||
+                       py::isinstance(value, py::module_::import("numpy").attr("bool_"));
+  if (!is_bool) throw py::type_error("stochastic_rounding must be a bool, got " + TypeName(value));
   return PyObject_IsTrue(value.ptr()) == 1;
 }
 
@@ -109,6 +119,45 @@ void Dispatch(const std::string& rule, const std::string& dtype, Fn&& fn) {
     }
   });
   Require(found, "unknown rule " + rule);
+}
+
+// Compact slot storage (cc/core/numeric.h), the TF ops' rule (cc/tf/tf_types.h): an
+// update's slots share one dtype, var's own or, beside a float32 var, bfloat16 or float16.
+inline bool SlotDtypeAllowed(const std::string& var_dtype, const std::string& slot_dtype) {
+  return slot_dtype == var_dtype ||
+         (var_dtype == "float32" && (slot_dtype == "bfloat16" || slot_dtype == "float16"));
+}
+
+// The one dtype of an update's slots, named names[k] with dtypes[k] (var's dtype when the
+// rule has none); else ValueError naming the first slot refused.
+inline std::string SlotDtype(const std::string& var_dtype, const std::vector<std::string>& names,
+                             const std::vector<std::string>& dtypes) {
+  for (size_t k = 0; k < dtypes.size(); ++k) {
+    if (!SlotDtypeAllowed(var_dtype, dtypes[k])) {
+      std::string message = names[k] + " has dtype " + dtypes[k] + " but var is " + var_dtype;
+      if (var_dtype == "float32") {
+        message += " (slots may be float32, bfloat16 or float16)";
+      } else if (dtypes[k] == "bfloat16" || dtypes[k] == "float16") {
+        message += " (bfloat16/float16 slots are for float32 variables)";
+      }
+      throw py::value_error(message);
+    }
+    Require(dtypes[k] == dtypes[0], names[k] + " has dtype " + dtypes[k] + " but " + names[0] +
+                                        " has " + dtypes[0] +
+                                        ": an update's slots are stored in one dtype");
+  }
+  return dtypes.empty() ? var_dtype : dtypes[0];
+}
+
+// Calls fn.template operator()<S>() with S the core storage type of `slot_dtype`, which
+// SlotDtype() has allowed for T: T's own, or half_t/bfloat16_t beside float.
+template <typename T, typename Fn>
+void ForSlotStorage(const std::string& slot_dtype, Fn&& fn) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (slot_dtype == "bfloat16") return fn.template operator()<bfloat16_t>();
+    if (slot_dtype == "float16") return fn.template operator()<half_t>();
+  }
+  fn.template operator()<T>();
 }
 
 inline py::dict Rules() {

@@ -33,6 +33,7 @@ std::string DtypeName(const py::array& a) { return py::str(a.dtype()); }
 struct State {
   py::array var;
   std::vector<py::array> slots;
+  std::string slot_dtype;  // the slots' one dtype: var's, or bfloat16/float16 beside float32
 };
 
 // var and the slots are updated in place, so they must be NumPy arrays already: pybind11
@@ -71,7 +72,7 @@ State CheckState(const py::array& var, const py::sequence& slots, const py::arra
   constexpr int kSlots = NumSlots<Rule>();
   Require(static_cast<int>(slots.size()) == kSlots,
           std::string(Rule::kPyName) + " needs " + std::to_string(kSlots) + " slot arrays");
-  State state{var, {}};
+  State state{var, {}, {}};
   std::vector<Shape> slot_shapes;
   for (int k = 0; k < kSlots; ++k) {
     state.slots.push_back(InPlaceArray(slots[k], Rule::kSlots[k].name));
@@ -79,11 +80,16 @@ State CheckState(const py::array& var, const py::sequence& slots, const py::arra
   }
   std::vector<py::array> all = state.slots;
   all.push_back(var);
-  for (const auto& a : all) {
-    Require(a.writeable(), "var and slots must be writeable");
-    Require(DtypeName(a) == DtypeName(var) && DtypeName(grad) == DtypeName(var),
-            "var, slots and grad must share one dtype");
+  for (const auto& a : all) Require(a.writeable(), "var and slots must be writeable");
+  Require(DtypeName(grad) == DtypeName(var), "grad has dtype " + DtypeName(grad) +
+                                                 " but var is " + DtypeName(var) +
+                                                 ": var and grad must share one dtype");
+  std::vector<std::string> slot_names, slot_dtypes;
+  for (int k = 0; k < kSlots; ++k) {
+    slot_names.push_back(Rule::kSlots[k].name);
+    slot_dtypes.push_back(DtypeName(state.slots[k]));
   }
+  state.slot_dtype = SlotDtype(DtypeName(var), slot_names, slot_dtypes);
   all.push_back(grad);
   if (indices != nullptr) all.push_back(*indices);
   for (const auto& a : all) {
@@ -119,49 +125,54 @@ State CheckState(const py::array& var, const py::sequence& slots, const py::arra
   return state;
 }
 
-template <typename T, int kSlots>
-std::array<T*, kSlots> SlotPointers(State& state) {
-  std::array<T*, kSlots> out;
-  for (int k = 0; k < kSlots; ++k) out[k] = static_cast<T*>(state.slots[k].mutable_data());
+template <typename S, int kSlots>
+std::array<S*, kSlots> SlotPointers(State& state) {
+  std::array<S*, kSlots> out;
+  for (int k = 0; k < kSlots; ++k) out[k] = static_cast<S*>(state.slots[k].mutable_data());
   return out;
 }
 
+// Slots are stored as the checked slot dtype S (compact slots: rounded once on store, to
+// nearest or, `stochastic`, stochastically: cc/core/numeric.h).
 template <typename Rule, typename T>
 void Dense(const py::array& var, const py::sequence& slots, const py::array& grad,
-           const py::dict& hyper, const py::dict& options, int num_threads) {
+           const py::dict& hyper, const py::dict& options, int num_threads, bool stochastic) {
   State state = CheckState<Rule>(var, slots, grad, nullptr);
   const auto params = ParamsFromDicts<Rule, T>(hyper, options);
-  auto slot_ptrs = SlotPointers<T, NumSlots<Rule>()>(state);
-  T* var_ptr = static_cast<T*>(state.var.mutable_data());
-  const T* grad_ptr = static_cast<const T*>(grad.data());
-  const int64_t n = state.var.size();
-  const int64_t row_size =
-      RowSizeOf(state.var.ndim(), state.var.ndim() == 0 ? 1 : state.var.shape(0), n);
-  py::gil_scoped_release release;
-  ThreadExecutor executor(num_threads);
-  ApplyDense<Rule, T>(params, var_ptr, slot_ptrs.data(), grad_ptr, n, row_size, executor);
+  ForSlotStorage<T>(state.slot_dtype, [&]<typename S>() {
+    auto slot_ptrs = SlotPointers<S, NumSlots<Rule>()>(state);
+    T* var_ptr = static_cast<T*>(state.var.mutable_data());
+    const T* grad_ptr = static_cast<const T*>(grad.data());
+    const int64_t n = state.var.size();
+    const int64_t row_size =
+        RowSizeOf(state.var.ndim(), state.var.ndim() == 0 ? 1 : state.var.shape(0), n);
+    py::gil_scoped_release release;
+    ThreadExecutor executor(num_threads);
+    ApplyDense<Rule, T, S>(params, var_ptr, slot_ptrs.data(), grad_ptr, n, row_size, executor,
+                           stochastic);
+  });
 }
 
 template <typename Rule, typename T, typename Index>
 void Sparse(const py::array& var, const py::sequence& slots, const py::array& grad,
             const py::array& indices, const py::dict& hyper, const py::dict& options,
-            int num_threads) {
+            int num_threads, bool stochastic) {
   State state = CheckState<Rule>(var, slots, grad, &indices);
   const auto params = ParamsFromDicts<Rule, T>(hyper, options);
-  auto slot_ptrs = SlotPointers<T, NumSlots<Rule>()>(state);
-  T* var_ptr = static_cast<T*>(state.var.mutable_data());
-  const T* grad_ptr = static_cast<const T*>(grad.data());
-  const Index* index_ptr = static_cast<const Index*>(indices.data());
-  const int64_t rows = state.var.shape(0);
-  const int64_t row_size = rows == 0 ? 0 : state.var.size() / rows;
-  const int64_t n = indices.size();
   std::string error;
-  {
+  ForSlotStorage<T>(state.slot_dtype, [&]<typename S>() {
+    auto slot_ptrs = SlotPointers<S, NumSlots<Rule>()>(state);
+    T* var_ptr = static_cast<T*>(state.var.mutable_data());
+    const T* grad_ptr = static_cast<const T*>(grad.data());
+    const Index* index_ptr = static_cast<const Index*>(indices.data());
+    const int64_t rows = state.var.shape(0);
+    const int64_t row_size = rows == 0 ? 0 : state.var.size() / rows;
+    const int64_t n = indices.size();
     py::gil_scoped_release release;
     ThreadExecutor executor(num_threads);
-    error = ApplySparse<Rule, T, Index>(params, var_ptr, slot_ptrs.data(), rows, row_size,
-                                        grad_ptr, index_ptr, n, executor);
-  }
+    error = ApplySparse<Rule, T, Index, S>(params, var_ptr, slot_ptrs.data(), rows, row_size,
+                                           grad_ptr, index_ptr, n, executor, stochastic);
+  });
   Require(error.empty(), error);
 }
 
@@ -258,6 +269,12 @@ py::dict AbiFloorSelfTest(int64_t copies, int64_t count) {
 
 }  // namespace
 
+// The slots' dtype and rounding, as the TF ops take them.
+#define SLOTS_DOC                                                                            \
+  "Slots have var's dtype or, beside a float32 var, all bfloat16 or all float16 (compact "  \
+  "slots: computed in float32, rounded once on store, to nearest even or, with "            \
+  "stochastic_rounding=True, stochastically: deterministic, the TF ops' bits)."
+
 // The module's contents, defined where both fusedopt's and pycommon's names are in scope.
 void DefineCoreModule(py::module_& m) {
   DefineModuleBasics(m, "fusedopt's TensorFlow-free update kernels applied in place to NumPy arrays.");
@@ -302,41 +319,48 @@ void DefineCoreModule(py::module_& m) {
   m.def(
       "apply_dense",
       [](const std::string& rule, const py::object& var, const py::object& slots,
-         py::array grad, py::dict hyper, py::dict options, int64_t num_threads) {
+         py::array grad, py::dict hyper, py::dict options, int64_t num_threads,
+         const py::object& stochastic_rounding) {
         const py::array state = InPlaceArray(var, "var");
         const py::sequence slot_list = SlotList(slots);
         const int threads = ThreadCount(num_threads);
+        const bool stochastic = StochasticRounding(stochastic_rounding);
         Dispatch(rule, DtypeName(state), [&]<typename Rule, typename T>() {
-          Dense<Rule, T>(state, slot_list, grad, hyper, options, threads);
+          Dense<Rule, T>(state, slot_list, grad, hyper, options, threads, stochastic);
         });
       },
       py::arg("rule"), py::arg("var"), py::arg("slots"), py::arg("grad"), py::arg("hyper"),
-      py::arg("options") = py::dict(), py::arg("num_threads") = 1,
+      py::arg("options") = py::dict(), py::arg("num_threads") = 1, py::kw_only(),
+      py::arg("stochastic_rounding") = false,
       "Dense update of var and slots (numpy.ndarrays) in place, on up to num_threads "
-      "threads (at most 256).");
+      "threads (at most 256). " SLOTS_DOC);
   m.def(
       "apply_sparse",
       [](const std::string& rule, const py::object& var, const py::object& slots,
          py::array grad, py::array indices, py::dict hyper, py::dict options,
-         int64_t num_threads) {
+         int64_t num_threads, const py::object& stochastic_rounding) {
         const py::array state = InPlaceArray(var, "var");
         const py::sequence slot_list = SlotList(slots);
         const int threads = ThreadCount(num_threads);
+        const bool stochastic = StochasticRounding(stochastic_rounding);
         const std::string index_type = DtypeName(indices);
         Require(index_type == "int32" || index_type == "int64",
                 "indices must be int32 or int64, got " + index_type);
         Dispatch(rule, DtypeName(state), [&]<typename Rule, typename T>() {
           if (index_type == "int32") {
-            Sparse<Rule, T, int32_t>(state, slot_list, grad, indices, hyper, options, threads);
+            Sparse<Rule, T, int32_t>(state, slot_list, grad, indices, hyper, options, threads,
+                                     stochastic);
           } else {
-            Sparse<Rule, T, int64_t>(state, slot_list, grad, indices, hyper, options, threads);
+            Sparse<Rule, T, int64_t>(state, slot_list, grad, indices, hyper, options, threads,
+                                     stochastic);
           }
         });
       },
       py::arg("rule"), py::arg("var"), py::arg("slots"), py::arg("grad"), py::arg("indices"),
       py::arg("hyper"), py::arg("options") = py::dict(), py::arg("num_threads") = 1,
+      py::kw_only(), py::arg("stochastic_rounding") = false,
       "Sparse update of the rows named by indices (duplicates summed first), in place, on "
-      "up to num_threads threads (at most 256).");
+      "up to num_threads threads (at most 256). " SLOTS_DOC);
 }
 
 }  // namespace fusedopt::pycommon

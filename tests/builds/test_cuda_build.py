@@ -162,3 +162,57 @@ for call in calls:
         "var is not aligned to its 4-byte elements", "slot is not aligned to its 4-byte elements",
         "grad is not aligned to its 4-byte elements",
         "indices is not aligned to its 8-byte elements"]
+
+
+def test_cuda_core_module_checks_compact_slots_without_a_gpu(pkg):
+    # Slot dtypes (compact slots) and the group's overlap check are settled before any CUDA
+    # call: a call that passes them stops at "not CUDA memory" on this machine.
+    out = run_in(pkg, """
+from fusedopt import _core_cuda
+arr = lambda ptr, typestr="<f4", n=4: {"data": (ptr, False), "shape": (n,), "typestr": typestr}
+ada = {"lr": 0.1, "epsilon": 0.1}
+adam = {"lr": 0.1, "beta1": 0.9, "beta2": 0.99, "epsilon": 0.1, "beta1_power": 0.9,
+        "beta2_power": 0.99}
+calls = [
+    lambda: _core_cuda.apply_dense("adagrad", arr(4096), [arr(8192, "<u2")], arr(12288), ada),
+    lambda: _core_cuda.apply_dense("adagrad", arr(4096), [arr(8192, "<u2")], arr(12288), ada,
+                                   slot_dtype="bfloat16", stochastic_rounding=True),
+    lambda: _core_cuda.apply_dense("adagrad", arr(4096), [arr(8192, "<f2")], arr(12288), ada),
+    lambda: _core_cuda.apply_sparse("adagrad", arr(4096, "<f8"), [arr(8192, "<f2")],
+                                    arr(12288, "<f8"), arr(16384, "<i8"), ada),
+    lambda: _core_cuda.apply_dense("lazy_adam", arr(4096), [arr(8192, "<f2"), arr(8704)],
+                                   arr(12288), adam),
+    lambda: _core_cuda.apply_dense_group(
+        "adagrad", [arr(4096), arr(4352)], [[arr(8192, "<f2"), arr(8448)]],
+        [arr(12288), arr(12544)], ada),
+    # A 2-byte slot of 64 values right before its gradient: no overlap; 2 bytes further, one.
+    lambda: _core_cuda.apply_dense_group("adagrad", [arr(4096, n=64)], [[arr(8192, "<f2", 64)]],
+                                         [arr(8320, n=64)], ada),
+    lambda: _core_cuda.apply_dense_group("adagrad", [arr(4096, n=64)], [[arr(8194, "<f2", 64)]],
+                                         [arr(8320, n=64)], ada),
+]
+for call in calls:
+    try:
+        call()
+    except ValueError as e:
+        print(e)
+try:
+    _core_cuda.apply_dense("adagrad", arr(4096), [arr(8192, "<f2")], arr(12288), ada,
+                           stochastic_rounding=1)
+except TypeError as e:
+    print(e)
+""")
+    lines = out.strip().splitlines()
+    assert len(lines) == 9, lines
+    for accepted in (1, 2, 6):  # past every check: the pointer is not device memory
+        assert lines[accepted].startswith("var is not CUDA memory"), lines[accepted]
+    assert [line for i, line in enumerate(lines) if i not in (1, 2, 6)] == [
+        "accum has dtype typestr <u2 but var is float32 (slots may be float32, bfloat16 or "
+        "float16)",
+        "accum has dtype float16 but var is float64 (bfloat16/float16 slots are for float32 "
+        "variables)",
+        "v has dtype float32 but m has float16: an update's slots are stored in one dtype",
+        "variable 1 of 2: slot dtype float32 differs from variable 0's float16 (one group, one "
+        "slot dtype)",
+        "accum[0] and grad[0] overlap in memory; every var and slot needs its own array",
+        "stochastic_rounding must be a bool, got int"]

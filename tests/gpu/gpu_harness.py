@@ -115,6 +115,14 @@ def dtype_arg(dtype):
     return "bfloat16" if dtype == "bfloat16" else ""
 
 
+def slot_dtype_arg(var, slots):
+    """The `slot_dtype` argument of _core_cuda for host slots beside host var: bfloat16
+    slots beside a var of another dtype (compact slots) must be named."""
+    bf16 = np_dtype("bfloat16")
+    compact = slots and slots[0].dtype == bf16 and var.dtype != bf16
+    return "bfloat16" if compact else ""
+
+
 def make_state(rule, dtype, shape, rng, grad_rows=None):
     """var, slots (drawn from the oracle's SLOT_RANGES) and grad, as host arrays."""
     t = np_dtype(dtype)
@@ -137,23 +145,28 @@ def to_host(d, dtype):
     return cp.asnumpy(d).view(np_dtype(dtype))
 
 
-def run_gpu(rule, dtype, var, slots, grad, hyper, options, indices=None, stream=0):
+def run_gpu(rule, dtype, var, slots, grad, hyper, options, indices=None, stream=0,
+            stochastic_rounding=False):
+    """Device copies, one call, results on the host. Slots keep their host dtype (compact
+    slots: bfloat16/float16 beside a float32 var)."""
     dvar, dslots, dgrad = to_device(var), [to_device(s) for s in slots], to_device(grad)
     kw = dict(options=options, stream=stream, dtype=dtype_arg(dtype))
+    if slot_dtype_arg(var, slots) or stochastic_rounding:  # older modules lack the keywords
+        kw.update(slot_dtype=slot_dtype_arg(var, slots), stochastic_rounding=stochastic_rounding)
     if indices is None:
         core_cuda.apply_dense(rule, dvar, dslots, dgrad, hyper, **kw)
     else:
         core_cuda.apply_sparse(rule, dvar, dslots, dgrad, cp.asarray(indices), hyper, **kw)
     cp.cuda.runtime.deviceSynchronize()
-    return to_host(dvar, dtype), [to_host(s, dtype) for s in dslots]
+    return to_host(dvar, dtype), [to_host(d, s.dtype) for d, s in zip(dslots, slots)]
 
 
-def run_cpu(rule, var, slots, grad, hyper, options, indices=None):
+def run_cpu(rule, var, slots, grad, hyper, options, indices=None, **kw):
     var, slots = var.copy(), [s.copy() for s in slots]
     if indices is None:
-        core.apply_dense(rule, var, slots, grad, hyper, options)
+        core.apply_dense(rule, var, slots, grad, hyper, options, **kw)
     else:
-        core.apply_sparse(rule, var, slots, grad, indices, hyper, options)
+        core.apply_sparse(rule, var, slots, grad, indices, hyper, options, **kw)
     return var, slots
 
 

@@ -101,7 +101,8 @@ def test_bad_member_named_and_nothing_written():
     with pytest.raises(ValueError, match=r"^variable 1 of 3: .*grad"):
         core_cuda.apply_dense_group(rule, dvars, dslots, bad_grads, hyper)
     mixed = dgrads[:2] + [to_device(members[2][2].astype(np.float64))]
-    with pytest.raises(ValueError, match=r"^variable 2 of 3: var, slots and grad must share"):
+    with pytest.raises(ValueError, match=r"^variable 2 of 3: grad has typestr <f8 but var <f4: "
+                       r"var and grad must share one dtype"):
         core_cuda.apply_dense_group(rule, dvars, dslots, mixed, hyper)
     with pytest.raises(ValueError, match="vars and grads must have one entry per variable"):
         core_cuda.apply_dense_group(rule, dvars, dslots, dgrads[:2], hyper)

@@ -4,6 +4,12 @@
 // .cu.cc files next to it (compiled by nvcc, explicitly instantiated for every rule,
 // storage type and index type).
 //
+// Slots are stored as S: var's own T or, beside a float var, bfloat16_t or half_t (compact
+// slots; the pairs of cc/tf/tf_types.h's SlotStorageAllowed are the ones instantiated). The
+// rules compute in ComputeType<T> and round each slot once on store, to nearest even or,
+// with `stochastic` (16-bit slots only; elsewhere it changes nothing), stochastically with
+// the CPU engine's noise and salts (numeric.h StoreSlot, engine.h): the same bits.
+//
 // Semantics are those of the CPU engine, word for word:
 //   dense   one fused pass per element (read var/slots/grad once, write var/slots once);
 //   sparse  every index checked first (the first offending position is reported with
@@ -72,9 +78,9 @@ inline Status IndexCheckStatus(const IndexCheck& check, int64_t num_rows) {
 // Dense update of n elements in rows of row_size (RowSizeOf: only rules with a per-row
 // phase read it; they update a row per warp). Never fails on valid pointers except for
 // CUDA errors.
-template <typename Rule, typename T>
-Status ApplyDense(const ParamsFor<Rule, T>& p, T* var, T* const* slots, const T* grad, int64_t n,
-                  int64_t row_size, Stream stream);
+template <typename Rule, typename T, typename S = T>
+Status ApplyDense(const ParamsFor<Rule, T>& p, T* var, S* const* slots, const T* grad, int64_t n,
+                  int64_t row_size, Stream stream, bool stochastic = false);
 
 // Dense updates of `count` tensors with the same params (the group op): one launch per
 // kMaxGroupTensorsPerLaunch tensors, the tensors' elements cut into chunks that every block
@@ -84,9 +90,9 @@ Status ApplyDense(const ParamsFor<Rule, T>& p, T* var, T* const* slots, const T*
 // `tensors` is host memory, read before the call returns (the launches carry copies).
 constexpr int kMaxGroupTensorsPerLaunch = 64;
 
-template <typename Rule, typename T>
-Status ApplyDenseGroup(const ParamsFor<Rule, T>& p, const DenseTensor<Rule, T>* tensors,
-                       int64_t count, Stream stream);
+template <typename Rule, typename T, typename S = T>
+Status ApplyDenseGroup(const ParamsFor<Rule, T>& p, const DenseTensor<Rule, T, S>* tensors,
+                       int64_t count, Stream stream, bool stochastic = false);
 
 // var and per-element slots are [num_rows, row_size] on the device, per-row slots
 // [num_rows]; grad [n, row_size]; indices [n],
@@ -94,10 +100,11 @@ Status ApplyDenseGroup(const ParamsFor<Rule, T>& p, const DenseTensor<Rule, T>* 
 // the check's verdict into *check (host memory that must stay valid until the stream has
 // passed the call; it reads "all in range" until then). The returned Status covers what
 // the host sees while enqueueing: launch errors, scratch memory (kResourceExhausted).
-template <typename Rule, typename T, typename Index>
-Status ApplySparse(const ParamsFor<Rule, T>& p, T* var, T* const* slots, int64_t num_rows,
+template <typename Rule, typename T, typename Index, typename S = T>
+Status ApplySparse(const ParamsFor<Rule, T>& p, T* var, S* const* slots, int64_t num_rows,
                    int64_t row_size, const T* grad, const Index* indices, int64_t n,
-                   TempAllocator& allocator, Stream stream, IndexCheck* check);
+                   TempAllocator& allocator, Stream stream, IndexCheck* check,
+                   bool stochastic = false);
 
 // Stream-ordered device-to-device copy (copy-on-write of variables).
 Status CopyDeviceToDevice(void* dst, const void* src, size_t bytes, Stream stream);

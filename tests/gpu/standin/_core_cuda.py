@@ -35,6 +35,7 @@ except ImportError:
 
 MAX_INDICES = 2147483646  # the real module's limit: CUB counts items in int, scan covers n + 1
 DTYPES = ("float16", "bfloat16", "float32", "float64")
+COMPACT = ("bfloat16", "float16")  # slot dtypes beside a float32 var (compact slots)
 # The engine's out-of-range message: with wait=False it is reported by PendingCheck.result().
 _INDEX_ERROR = re.compile(r"indices\[\d+\] = -?\d+ is not in \[0, \d+\)")
 
@@ -137,6 +138,48 @@ def _dtype_name(a, dtype):
     return {"f2": "float16", "f4": "float32", "f8": "float64"}.get(kind, "typestr " + a.typestr)
 
 
+def _slot_dtype_name(a, name, dtype, slot_dtype):
+    """SlotDtypeName: a slot's typestr's dtype; bfloat16 for 2-byte arrays where slot_dtype
+    (or, slot_dtype empty, dtype) says so."""
+    named = dtype if slot_dtype == "" else slot_dtype
+    two_bytes = a.typestr[1:] in ("u2", "i2", "V2", "f2")
+    if named == "bfloat16":
+        _require(two_bytes or slot_dtype == "", "slot_dtype='bfloat16' needs 2-byte arrays, but "
+                 f"{name} has typestr {a.typestr}")
+        if two_bytes:
+            return "bfloat16"
+    got = _dtype_name(a, "")
+    _require(slot_dtype in ("", "bfloat16") or got == slot_dtype,
+             f"slot_dtype='{slot_dtype}' but {name} has typestr {a.typestr}")
+    return got
+
+
+def _slot_dtype(var_dtype, names, dtypes):
+    """pycommon::SlotDtype: the slots' one dtype, var's or bfloat16/float16 beside float32."""
+    for name, got in zip(names, dtypes):
+        if not (got == var_dtype or (var_dtype == "float32" and got in COMPACT)):
+            message = f"{name} has dtype {got} but var is {var_dtype}"
+            if var_dtype == "float32":
+                message += " (slots may be float32, bfloat16 or float16)"
+            elif got in COMPACT:
+                message += " (bfloat16/float16 slots are for float32 variables)"
+            raise ValueError(message)
+        _require(got == dtypes[0], f"{name} has dtype {got} but {names[0]} has {dtypes[0]}: an "
+                 "update's slots are stored in one dtype")
+    return dtypes[0] if dtypes else var_dtype
+
+
+def _check_keywords(slot_dtype, stochastic_rounding):
+    if not isinstance(slot_dtype, str):
+        raise TypeError("incompatible function arguments (stand-in _core_cuda)")
+    _require(slot_dtype in ("",) + DTYPES,
+             f"unsupported slot_dtype {slot_dtype} (float16, bfloat16, float32, float64)")
+    if not isinstance(stochastic_rounding, (bool, np.bool_)):
+        raise TypeError("stochastic_rounding must be a bool, got "
+                        + type(stochastic_rounding).__name__)
+    return bool(stochastic_rounding)
+
+
 def _dispatch(rule, dtype_name):
     table = _core.rules()
     _require(rule in table, "unknown rule " + str(rule))
@@ -154,8 +197,9 @@ def _check_types(rule, slots, hyper, options, stream, dtype, wait=True):
         raise TypeError("incompatible function arguments (stand-in _core_cuda)")
 
 
-def _check_state(rule, var, slots, grad, dtype):
-    """CheckState up to the shape checks (the engine makes those): the arrays' interfaces."""
+def _check_state(rule, var, slots, grad, dtype, slot_dtype=""):
+    """CheckState up to the shape checks (the engine makes those): the arrays' interfaces.
+    Returns (var, slots, grad, var's dtype name, the slots' dtype name)."""
     dtype_name = _dtype_name(_Interface(var, "var"), dtype)
     num_slots = _dispatch(rule, dtype_name)
     _require(len(slots) == num_slots, f"{rule} needs {num_slots} slot arrays")
@@ -164,9 +208,12 @@ def _check_state(rule, var, slots, grad, dtype):
     _require(not v.readonly, "var and slots must be writeable")
     for x in s:
         _require(not x.readonly, "var and slots must be writeable")
-        _require(x.typestr == v.typestr, "var, slots and grad must share one dtype")
-    _require(g.typestr == v.typestr, "var, slots and grad must share one dtype")
-    return v, s, g, dtype_name
+    _require(g.typestr == v.typestr, f"grad has typestr {g.typestr} but var {v.typestr}: var "
+             "and grad must share one dtype")
+    names = _core.rules()[rule]["slots"]
+    slot_name = _slot_dtype(dtype_name, names,
+                            [_slot_dtype_name(x, n, dtype, slot_dtype) for x, n in zip(s, names)])
+    return v, s, g, dtype_name, slot_name
 
 
 def _check_device_of(a):
@@ -180,35 +227,42 @@ def _is_index_error(e):
     return bool(_INDEX_ERROR.fullmatch(str(e)))
 
 
-def apply_dense(rule, var, slots, grad, hyper, options={}, stream=0, dtype=""):  # noqa: B006
-    """Dense update of var and slots in place, enqueued on `stream`."""
+def apply_dense(rule, var, slots, grad, hyper, options={}, stream=0, dtype="", *,  # noqa: B006
+                slot_dtype="", stochastic_rounding=False):
+    """Dense update of var and slots in place, enqueued on `stream`. Slots: var's dtype or,
+    beside a float32 var, all bfloat16 or all float16 (slot_dtype='bfloat16' for 2-byte
+    arrays of bfloat16 bits), rounded to nearest even or, with stochastic_rounding=True,
+    stochastically."""
     _check_types(rule, slots, hyper, options, stream, dtype)
-    v, s, g, dtype_name = _check_state(rule, var, slots, grad, dtype)
+    stochastic = _check_keywords(slot_dtype, stochastic_rounding)
+    v, s, g, dtype_name, slot_name = _check_state(rule, var, slots, grad, dtype, slot_dtype)
     # Shapes and hyper-parameters: the engine's own checks, on zeros of the same shapes.
-    _core.apply_dense(rule, v.blank(dtype_name), [x.blank(dtype_name) for x in s],
+    _core.apply_dense(rule, v.blank(dtype_name), [x.blank(slot_name) for x in s],
                       g.blank(dtype_name), hyper, options)
     if v.size == 0:
         return
     _check_device_of(v)
-    arrays = v.memory(dtype_name), [x.memory(dtype_name) for x in s], g.memory(dtype_name)
-    _device.launch(int(stream), lambda: _core.apply_dense(rule, *arrays, hyper, options))
+    arrays = v.memory(dtype_name), [x.memory(slot_name) for x in s], g.memory(dtype_name)
+    _device.launch(int(stream), lambda: _core.apply_dense(rule, *arrays, hyper, options,
+                                                          stochastic_rounding=stochastic))
 
 
 def apply_sparse(rule, var, slots, grad, indices, hyper, options={}, stream=0,  # noqa: B006
-                 dtype="", wait=True):
+                 dtype="", wait=True, *, slot_dtype="", stochastic_rounding=False):
     """Sparse update of the rows named by indices (duplicates summed first), in place;
     out-of-range indices raise ValueError with nothing written (wait=False: from the returned
-    PendingCheck's result())."""
+    PendingCheck's result()). Slots as apply_dense takes them."""
     _check_types(rule, slots, hyper, options, stream, dtype, wait)
+    stochastic = _check_keywords(slot_dtype, stochastic_rounding)
     i = _Interface(indices, "indices")
     _require(i.typestr[1:] in ("i4", "i8"), "indices must be int32 or int64, got typestr "
              + i.typestr)
-    v, s, g, dtype_name = _check_state(rule, var, slots, grad, dtype)
+    v, s, g, dtype_name, slot_name = _check_state(rule, var, slots, grad, dtype, slot_dtype)
     if i.size > MAX_INDICES:
         raise ValueError(f"sparse GPU updates take at most {MAX_INDICES} indices per call, "
                          f"got {i.size}")
     try:  # shapes and hyper-parameters, on zeros; the index check belongs to the run
-        _core.apply_sparse(rule, v.blank(dtype_name), [x.blank(dtype_name) for x in s],
+        _core.apply_sparse(rule, v.blank(dtype_name), [x.blank(slot_name) for x in s],
                            g.blank(dtype_name), i.blank(None), hyper, options)
     except ValueError as e:
         if not _is_index_error(e):  # zero indices fail only where var has no rows
@@ -216,13 +270,13 @@ def apply_sparse(rule, var, slots, grad, indices, hyper, options={}, stream=0,  
     if i.size == 0:
         return None if wait else PendingCheck()
     _check_device_of(v if v.size > 0 else i)
-    arrays = (v.memory(dtype_name), [x.memory(dtype_name) for x in s], g.memory(dtype_name),
+    arrays = (v.memory(dtype_name), [x.memory(slot_name) for x in s], g.memory(dtype_name),
               i.memory())
     pending = PendingCheck(_device.queue_of(int(stream)))
 
     def check_and_update():
         try:
-            _core.apply_sparse(rule, *arrays, hyper, options)
+            _core.apply_sparse(rule, *arrays, hyper, options, stochastic_rounding=stochastic)
         except ValueError as e:
             if not _is_index_error(e):
                 raise
@@ -233,12 +287,14 @@ def apply_sparse(rule, var, slots, grad, indices, hyper, options={}, stream=0,  
 
 
 def apply_dense_group(rule, vars, slots, grads, hyper, options={}, stream=0,  # noqa: B006
-                      dtype=""):
+                      dtype="", *, slot_dtype="", stochastic_rounding=False):
     """Dense updates of many variables in place (the group op's engine), enqueued on
-    `stream`; slots: one list per slot, each with an entry per variable."""
+    `stream`; slots: one list per slot, each with an entry per variable, all of one dtype
+    (as apply_dense takes them)."""
     if not all(isinstance(x, (list, tuple)) for x in (vars, slots, grads)):
         raise TypeError("incompatible function arguments (stand-in _core_cuda)")
     _check_types(rule, list(slots), hyper, options, stream, dtype)
+    stochastic = _check_keywords(slot_dtype, stochastic_rounding)
     n = len(vars)
     _require(len(grads) == n, f"vars and grads must have one entry per variable, got {n} and "
              f"{len(grads)}")
@@ -253,18 +309,20 @@ def apply_dense_group(rule, vars, slots, grads, hyper, options={}, stream=0,  # 
     members = []
     for i in range(n):
         try:
-            v, s, g, dtype_name = _check_state(rule, vars[i], [x[i] for x in slots], grads[i],
-                                               dtype)
-            _core.apply_dense(rule, v.blank(dtype_name), [x.blank(dtype_name) for x in s],
+            v, s, g, dtype_name, slot_name = _check_state(rule, vars[i], [x[i] for x in slots],
+                                                          grads[i], dtype, slot_dtype)
+            _core.apply_dense(rule, v.blank(dtype_name), [x.blank(slot_name) for x in s],
                               g.blank(dtype_name), hyper, options)
             if members:
                 _require(dtype_name == members[0][3], f"dtype {dtype_name} differs from "
                          f"variable 0's {members[0][3]} (one group, one dtype)")
+                _require(slot_name == members[0][4], f"slot dtype {slot_name} differs from "
+                         f"variable 0's {members[0][4]} (one group, one slot dtype)")
         except ValueError as e:
             raise ValueError(f"variable {i} of {n}: {e}") from None
-        members.append((v, s, g, dtype_name))
+        members.append((v, s, g, dtype_name, slot_name))
     spans = []  # (begin, end, name, written)
-    for i, (v, s, g, _) in enumerate(members):
+    for i, (v, s, g, _, _) in enumerate(members):
         if v.size == 0:
             continue
         def span(a, label, written):  # each array's own size (a per-row slot: one per row)
@@ -285,13 +343,13 @@ def apply_dense_group(rule, vars, slots, grads, hyper, options={}, stream=0,  # 
             furthest_written = x
         if furthest_any is None or x[1] > furthest_any[1]:
             furthest_any = x
-    for v, _, _, _ in members:
+    for v, _, _, _, _ in members:
         if v.size:
             _check_device_of(v)
-    arrays = [(v.memory(d), [x.memory(d) for x in s], g.memory(d))
-              for v, s, g, d in members if v.size]
+    arrays = [(v.memory(d), [x.memory(sd) for x in s], g.memory(d))
+              for v, s, g, d, sd in members if v.size]
 
     def update_all():
         for a in arrays:
-            _core.apply_dense(rule, *a, hyper, options)
+            _core.apply_dense(rule, *a, hyper, options, stochastic_rounding=stochastic)
     _device.launch(int(stream), update_all)
