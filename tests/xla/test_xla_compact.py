@@ -155,6 +155,21 @@ def test_compact_slots_under_xla_equal_the_op(rule, sparse, slot_dtype, stochast
             np.testing.assert_array_equal(_bits(g[untouched]), _bits(s[untouched]))
 
 
+@pytest.mark.parametrize("shape", [(), (5,), (4, 3, 16)], ids=["scalar", "vector", "rank3"])
+@pytest.mark.parametrize("rule", RULE_NAMES)
+def test_compact_slots_of_other_shapes(rule, shape):
+    """A scalar (one row of one element), a vector (rows of one) and a rank-3 table: the
+    per-row salt is each row's first element (a scalar's own value), as on the CPU."""
+    rng = np.random.default_rng(13)
+    var = rng.uniform(-1, 1, shape).astype(np.float32)
+    ranges = npref.ORACLES[rule].SLOT_RANGES
+    slots = [rng.uniform(*ranges[name], shape[:1] if _per_row(rule, k) else shape)
+             .astype(ml_dtypes.bfloat16) for k, name in enumerate(RULES[rule]["slots"])]
+    case = (var, slots, _hyper(rule), _grid(rng, shape), None)
+    got = _run(rule, case, True, jit=True)
+    _assert_same(rule, got, _run(rule, case, True, jit=False), var, f"{rule} {shape}")
+
+
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64], ids=["int32", "int64"])
 def test_slots_of_16_bit_variables_round_stochastically_too(index_dtype):
     """Slots of a bfloat16/half variable (its own dtype: not compact slots) are 16-bit too:
