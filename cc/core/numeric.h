@@ -121,7 +121,9 @@ FO_HOST_DEVICE void Store(double& dst, double x) { dst = x; }
 // fraction, so small increments survive in expectation where nearest would drop them.
 // The random bits are a hash of the value being stored and of a salt (the bits of the
 // variable's element before the update, and the slot's number): deterministic, the same
-// on every run and engine (CPU, CUDA, XLA), and fresh every step the variable moves.
+// bits on every run and engine given the same float32 value (CPU, CUDA, XLA's custom call;
+// XLA's HLO reproduces the bit operations exactly, but where XLA contracts a*b+c into an
+// FMA the value rounded can differ in its last bit), fresh every step the variable moves.
 template <typename S>
 constexpr bool IsCompactStorage() {
   return sizeof(S) == 2;

@@ -31,7 +31,8 @@ Slots are tf.Variables of the variable's dtype or, for a float32 variable, all o
 ``bfloat16`` or all of ``float16`` (compact slots: the update computes in float32 and rounds
 each slot once on store, to nearest even, or with ``stochastic_rounding=True``
 stochastically, from bits hashed from the stored value and the variable's old element:
-deterministic, the same on CPU, GPU and XLA).
+deterministic, the same on CPU, GPU and XLA's custom call; XLA's HLO path where it
+contracts no multiply-add into an FMA).
 
 Updates happen in place. Resource wrappers return the op (graph mode) or None (eager);
 ref wrappers return the updated variable's ref tensor, as TF's ``Apply*`` ops do.
