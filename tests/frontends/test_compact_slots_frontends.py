@@ -89,6 +89,30 @@ def test_keras_first_step_is_the_float32_step_with_rounded_slots(rule, sparse, s
         np.testing.assert_array_equal(_bits(np.asarray(a)), _bits(want))
 
 
+@pytest.mark.parametrize("mode", ["function", "xla"])
+@pytest.mark.parametrize("rule", ["lazy_adam", "row_wise_adagrad"])
+def test_keras_compiled_steps_equal_eager_steps(rule, mode):
+    """tf.function and XLA-compiled steps (Keras's fit(jit_compile=True)) store the same
+    slot bits as eager ones, stochastic rounding included."""
+    results = []
+    for compiled in (False, True):
+        var = tf.Variable(_table())
+        opt = _keras(rule, slot_dtype="bfloat16", stochastic_rounding=True)
+        opt.build([var])
+
+        def step(grad):
+            opt.apply_gradients([(grad, var)])
+
+        if compiled:
+            step = tf.function(step, jit_compile=mode == "xla")
+        for seed in (1, 2, 3):
+            step(_grad(True, seed))
+            step(_grad(False, seed))
+        results.append([var.numpy()] + [np.asarray(s) for s in _slots(opt, var, rule)])
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(_bits(a), _bits(b))
+
+
 def test_keras_other_variables_keep_their_dtype_and_base_variables_stay_float32():
     table = tf.Variable(_table())
     wide = tf.Variable(np.ones((3,), np.float64))
