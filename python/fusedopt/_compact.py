@@ -55,6 +55,18 @@ def check_strategy(dtype):
             "collective op that has no bfloat16 kernel; use slot_dtype='float16' there")
 
 
+def set_options(optimizer, slot_dtype, stochastic_rounding):
+    """Sets a Keras front-end class's ``slot_dtype`` (parsed) and ``stochastic_rounding``;
+    refuses compact slots where the class runs the Keras class's own update (its
+    ``_keeps_own_update()``, e.g. amsgrad), which has no use for them."""
+    optimizer.slot_dtype = parse_slot_dtype(slot_dtype)
+    optimizer.stochastic_rounding = bool(stochastic_rounding)
+    if optimizer.slot_dtype is not None and optimizer._keeps_own_update():
+        raise ValueError(
+            f"slot_dtype={optimizer.slot_dtype.name!r}: compact slots are for fusedopt's fused "
+            "update, and these settings run the Keras class's own (e.g. amsgrad=True)")
+
+
 def config(slot_dtype, stochastic_rounding):
     """The config entries of the options, only where set (the config stays the replaced
     class's otherwise)."""

@@ -145,6 +145,22 @@ def to_host(d, dtype):
     return cp.asnumpy(d).view(np_dtype(dtype))
 
 
+def group_to_device(members, unaligned=()):
+    """(vars, slots per slot, grads) on the device of a group's members [(var, slots,
+    grad)]; the members numbered in `unaligned` (1-D) one element past a 16-byte boundary."""
+    def device(a, i):
+        if i not in unaligned or a.size == 0:
+            return to_device(a)
+        assert a.ndim == 1
+        return to_device(np.concatenate([a[:1], a]))[1:]
+
+    dvars = [device(var, i) for i, (var, _, _) in enumerate(members)]
+    dslots = [[device(slots[k], i) for i, (_, slots, _) in enumerate(members)]
+              for k in range(len(members[0][1]))]
+    dgrads = [device(grad, i) for i, (_, _, grad) in enumerate(members)]
+    return dvars, dslots, dgrads
+
+
 def run_gpu(rule, dtype, var, slots, grad, hyper, options, indices=None, stream=0,
             stochastic_rounding=False):
     """Device copies, one call, results on the host. Slots keep their host dtype (compact

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import compact
-from gpu_harness import (HYPER, NUM_SLOTS, RULE_SPECS, RULES, assert_bits_equal, check_same,
+from gpu_harness import (HYPER, group_to_device, NUM_SLOTS, RULE_SPECS, RULES, assert_bits_equal, check_same,
                          core_cuda, cp, make_state, np_dtype, requires_gpu, run_cpu, run_gpu,
                          slot_dtype_arg, to_device, to_host)
 
@@ -168,15 +168,7 @@ SHAPES = [(0,), (), (1,), (7,), (4096,), (4097,), (3, 4096), (10001,), (5, 7, 9)
 
 
 def _run_group(rule, members, hyper, options, unaligned=(), **kw):
-    def device(a, i):  # unaligned (1-D members): one element past a 16-byte boundary
-        if i not in unaligned or a.size == 0:
-            return to_device(a)
-        return to_device(np.concatenate([a[:1], a]))[1:]
-
-    dvars = [device(var, i) for i, (var, _, _) in enumerate(members)]
-    dslots = [[device(slots[k], i) for i, (_, slots, _) in enumerate(members)]
-              for k in range(len(members[0][1]))]
-    dgrads = [device(grad, i) for i, (_, _, grad) in enumerate(members)]
+    dvars, dslots, dgrads = group_to_device(members, unaligned)
     core_cuda.apply_dense_group(rule, dvars, dslots, dgrads, hyper, options,
                                 slot_dtype=slot_dtype_arg(members[0][0], members[0][1]), **kw)
     cp.cuda.runtime.deviceSynchronize()

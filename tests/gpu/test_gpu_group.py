@@ -9,7 +9,7 @@ Runs where tests/gpu runs (see test_gpu_core.py): on a GPU, or on the CPU stand-
 import numpy as np
 import pytest
 
-from gpu_harness import (DTYPES, HYPER, RULE_OPTIONS, assert_bits_equal, check_same, core_cuda,
+from gpu_harness import (DTYPES, group_to_device, HYPER, RULE_OPTIONS, assert_bits_equal, check_same, core_cuda,
                          cp, dtype_arg, make_state, requires_gpu, run_cpu, to_device, to_host)
 
 pytestmark = requires_gpu
@@ -25,16 +25,7 @@ def _group_state(rule, dtype, shapes, rng):
 
 def _run_group_gpu(rule, dtype, members, hyper, options, unaligned=()):
     """Device copies, one apply_dense_group call, results on the host."""
-    def device(a, i):  # unaligned (1-D members): one element past a 16-byte boundary
-        if i not in unaligned or a.size == 0:
-            return to_device(a)
-        assert a.ndim == 1
-        return to_device(np.concatenate([a[:1], a]))[1:]
-
-    dvars = [device(var, i) for i, (var, _, _) in enumerate(members)]
-    dslots = [[device(slots[k], i) for i, (_, slots, _) in enumerate(members)]
-              for k in range(len(members[0][1]))]
-    dgrads = [device(grad, i) for i, (_, _, grad) in enumerate(members)]
+    dvars, dslots, dgrads = group_to_device(members, unaligned)
     core_cuda.apply_dense_group(rule, dvars, dslots, dgrads, hyper, options,
                                 dtype=dtype_arg(dtype))
     cp.cuda.runtime.deviceSynchronize()

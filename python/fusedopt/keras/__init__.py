@@ -85,12 +85,7 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
 
     def _set_fusedopt_options(self, lazy_weight_decay, slot_dtype, stochastic_rounding):
         self.lazy_weight_decay = bool(lazy_weight_decay)
-        self.slot_dtype = _compact.parse_slot_dtype(slot_dtype)
-        self.stochastic_rounding = bool(stochastic_rounding)
-        if self.slot_dtype is not None and self._keeps_own_update():
-            raise ValueError(
-                f"slot_dtype={self.slot_dtype.name!r}: compact slots are for fusedopt's fused "
-                "update, and these settings run the Keras class's own (e.g. amsgrad=True)")
+        _compact.set_options(self, slot_dtype, stochastic_rounding)
 
     # Compact slots: the rule's slot variables of a float32 variable in slot_dtype. Keras
     # makes every optimizer variable of a model variable here, the base's own too (EMA

@@ -233,12 +233,7 @@ def _with_compact_keywords(cls):
     @functools.wraps(base_init)
     def __init__(self, *args, slot_dtype=None, stochastic_rounding=False, **kwargs):
         base_init(self, *args, **kwargs)
-        self.slot_dtype = _compact.parse_slot_dtype(slot_dtype)
-        self.stochastic_rounding = bool(stochastic_rounding)
-        if self.slot_dtype is not None and self._keeps_own_update():
-            raise ValueError(
-                f"slot_dtype={self.slot_dtype.name!r}: compact slots are for fusedopt's fused "
-                "update, and these settings run the Keras class's own (e.g. amsgrad=True)")
+        _compact.set_options(self, slot_dtype, stochastic_rounding)
 
     __init__.__signature__ = _compact.with_keywords(inspect.signature(base_init),
                                                     _compact.KEYWORDS)
