@@ -68,10 +68,13 @@ def test_wrapper_signatures(rule, sparse, resource):
     params = inspect.signature(wrapper(rule, sparse, resource)).parameters
     expected = (["var"] + spec["slots"] + spec["hyper"] + ["grad"]
                 + (["indices"] if sparse else []) + ["use_locking"] + list(spec["options"])
-                + ["name"])
+                + ["name", "stochastic_rounding"])
     assert list(params) == expected
     assert params["use_locking"].default is False
     assert params["name"].default is None
+    # compact slots' rounding: keyword only, after everything positional as before
+    assert params["stochastic_rounding"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert params["stochastic_rounding"].default is False
     for opt, default in spec["options"].items():
         assert params[opt].default is default
 
