@@ -8,6 +8,9 @@ import sys
 
 import pytest
 
+# Independent of TensorFlow's version (the benchmark harness): one TF stage of CI runs it.
+pytestmark = pytest.mark.once
+
 
 @pytest.mark.slow
 def test_quick_benchmark_runs_every_scenario_and_contenders_agree(tmp_path):

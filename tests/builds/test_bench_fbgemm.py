@@ -17,6 +17,9 @@ import pytest
 import fbgemm_peer
 from fusedopt.bench import config, fbgemm, fbgemm_scenario, report
 
+# Independent of TensorFlow's version (FBGEMM in its own venv): one TF stage of CI runs it.
+pytestmark = pytest.mark.once
+
 
 @pytest.mark.slow
 def test_quick_fbgemm_scenario_has_every_row_and_fbgemm_agrees(tmp_path):

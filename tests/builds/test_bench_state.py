@@ -9,6 +9,9 @@ import sys
 
 import pytest
 
+# Independent of TensorFlow's version (the benchmark harness): one TF stage of CI runs it.
+pytestmark = pytest.mark.once
+
 FULL_STATE = {"keras.optimizers.Adam": 8.0, "keras.optimizers.Adagrad": 4.0,
               "fusedopt.keras.LazyAdam": 8.0, "fusedopt.keras.Adagrad": 4.0}
 

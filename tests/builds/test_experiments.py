@@ -11,6 +11,9 @@ import sys
 
 import pytest
 
+# Independent of TensorFlow's version (the experiment tools): one TF stage of CI runs it.
+pytestmark = pytest.mark.once
+
 EXPERIMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                            "benchmarks", "experiments")
 

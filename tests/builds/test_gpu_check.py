@@ -22,6 +22,9 @@ import textwrap
 
 import pytest
 
+# Independent of TensorFlow's version (TF-free CUDA modules): one TF stage of CI runs it.
+pytestmark = pytest.mark.once
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "tools", "gpu_check.sh")
 STANDIN_DIR = os.path.join(ROOT, "tests", "gpu", "standin")

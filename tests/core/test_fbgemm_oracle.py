@@ -44,7 +44,8 @@ import numpy_reference as npref
 from fusedopt import _core
 from fusedopt.bench import fbgemm
 
-pytestmark = pytest.mark.slow
+# FBGEMM runs in its own venv, _core is TF-free: one TF stage of CI runs it.
+pytestmark = [pytest.mark.slow, pytest.mark.once]
 
 U = 2.0 ** -24
 TOLERANCE = 16  # u * C: fusedopt vs FBGEMM, each step from the same state
