@@ -20,7 +20,7 @@ import numpy_reference as npref
 
 import fusedopt.compat.v1 as fv1
 import fusedopt.keras as fk
-from fusedopt import rules
+from fusedopt import rules, runtime
 
 keras = tf.keras
 KERAS3 = hasattr(keras.optimizers.Optimizer, "stateless_apply")
@@ -109,6 +109,14 @@ def test_keras_compiled_steps_equal_eager_steps(rule, mode):
             step(_grad(True, seed))
             step(_grad(False, seed))
         results.append([var.numpy()] + [np.asarray(s) for s in _slots(opt, var, rule)])
+    if mode == "xla" and runtime.xla_cpu_lowering() == "hlo":
+        # XLA's HLO (TF 2.15) may fuse multiply-adds: the float32 value a slot is rounded
+        # from can differ in its last bit, so its stochastic rounding may differ by one
+        # 16-bit step (documented); the custom call (TF >= 2.16) is bit-exact above.
+        for a, b in zip(*results):
+            np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                       rtol=2 ** -5, atol=1e-5)  # a few steps of drift
+        return
     for a, b in zip(*results):
         np.testing.assert_array_equal(_bits(a), _bits(b))
 

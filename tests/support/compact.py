@@ -12,18 +12,23 @@ import numpy as np
 U32 = np.uint32
 
 
+_MASK = np.uint64(0xFFFFFFFF)
+
+
 def _u32(x):
-    return np.asarray(x).astype(np.uint64) & 0xFFFFFFFF
+    # uint64 arithmetic with uint64 constants only: NumPy 1.x's value-based casting turns
+    # 0-d uint64 with a Python int into float64.
+    return np.asarray(x).astype(np.uint64) & _MASK
 
 
 def mix_bits(x):
     """murmur3's fmix32 on uint32 arrays (numeric.h MixBits)."""
     x = _u32(x)
-    x ^= x >> 16
-    x = (x * 0x85EBCA6B) & 0xFFFFFFFF
-    x ^= x >> 13
-    x = (x * 0xC2B2AE35) & 0xFFFFFFFF
-    x ^= x >> 16
+    x ^= x >> np.uint64(16)
+    x = (x * np.uint64(0x85EBCA6B)) & _MASK
+    x ^= x >> np.uint64(13)
+    x = (x * np.uint64(0xC2B2AE35)) & _MASK
+    x ^= x >> np.uint64(16)
     return x
 
 
@@ -33,15 +38,15 @@ def float_bits(x):
 
 def rounding_noise(value, salt_bits, slot):
     """numeric.h RoundingNoise: value float32, salt_bits uint32 (arrays broadcast)."""
-    salt = (_u32(salt_bits) + 0x9E3779B9 * (slot + 1)) & 0xFFFFFFFF
+    salt = (_u32(salt_bits) + np.uint64(0x9E3779B9 * (slot + 1) & 0xFFFFFFFF)) & _MASK
     return mix_bits(float_bits(value) ^ mix_bits(salt))
 
 
 def to_bf16_stochastic(value, noise):
     value = np.asarray(value, np.float32)
     u = float_bits(value)
-    special = (u & 0x7F800000) == 0x7F800000
-    bits = (((u + (_u32(noise) & 0xFFFF)) & 0xFFFFFFFF) >> 16).astype(np.uint16)
+    special = (u & np.uint64(0x7F800000)) == np.uint64(0x7F800000)
+    bits = (((u + (_u32(noise) & np.uint64(0xFFFF))) & _MASK) >> np.uint64(16)).astype(np.uint16)
     out = bits.view(ml_dtypes.bfloat16)
     return np.where(special, value.astype(ml_dtypes.bfloat16), out)
 
@@ -49,12 +54,12 @@ def to_bf16_stochastic(value, noise):
 def to_f16_stochastic(value, noise):
     value = np.asarray(value, np.float32)
     u = float_bits(value)
-    magnitude = u & 0x7FFFFFFF
-    nearest = (magnitude < (113 << 23)) | (magnitude >= (143 << 23))
-    rebias = (15 - 127) << 23  # negative: done in int64
-    rounded = ((magnitude.astype(np.int64) + rebias + (_u32(noise) & 0x1FFF).astype(np.int64))
-               >> 13).astype(np.uint64)
-    bits = (rounded | ((u >> 16) & 0x8000)).astype(np.uint16)
+    magnitude = u & np.uint64(0x7FFFFFFF)
+    nearest = (magnitude < np.uint64(113 << 23)) | (magnitude >= np.uint64(143 << 23))
+    rebias = np.int64((15 - 127) << 23)  # negative: done in int64
+    noise13 = (_u32(noise) & np.uint64(0x1FFF)).astype(np.int64)
+    rounded = ((magnitude.astype(np.int64) + rebias + noise13) >> np.int64(13)).astype(np.uint64)
+    bits = (rounded | ((u >> np.uint64(16)) & np.uint64(0x8000))).astype(np.uint16)
     with np.errstate(over="ignore"):  # the nearest branch of out-of-range values: Inf
         return np.where(nearest, value.astype(np.float16), bits.view(np.float16))
 
