@@ -4,6 +4,8 @@ import importlib.util
 import os
 import sys
 
+import pytest
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 # The tests' shared helpers (harness, numpy_reference, numpy_rules, error_cases) live in
@@ -27,3 +29,22 @@ def pytest_collection_modifyitems(config, items):
     if once:
         config.hook.pytest_deselected(items=once)
         items[:] = [item for item in items if item.get_closest_marker("once") is None]
+    config._fusedopt_once_deselected = len(once)
+    if hasattr(config, "workeroutput"):  # a pytest-xdist worker: tell the main process
+        config.workeroutput["fusedopt_once_deselected"] = len(once)
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook, where it is installed
+def pytest_testnodedown(node, error):
+    n = getattr(node, "workeroutput", {}).get("fusedopt_once_deselected")
+    if n is not None:  # every worker collects the whole selection: one count
+        node.config._fusedopt_once_deselected = n
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The count, also under -q and under pytest-xdist (whose summary has no deselected)."""
+    n = getattr(config, "_fusedopt_once_deselected", None)
+    if n is not None:
+        terminalreporter.write_line(
+            "FUSEDOPT_REPEAT_STAGE=1: %d test%s marked `once` deselected (TF-version-"
+            "independent: tools/test_all.sh's first TF stage runs them)" % (n, "s" * (n != 1)))

@@ -22,7 +22,8 @@ command -v "$base" >/dev/null || base=python3
 
 # setuptools >= 77: PEP 639 license metadata (pyproject.toml); torch (benchmark peer) too.
 build=(setuptools==84.2.1 pybind11==3.1.0)
-testing=(pytest==9.2.0 hypothesis==6.170.17 wheel==0.48.0)
+# pytest-xdist: tools/test_all.sh runs each full suite on two workers (-n 2).
+testing=(pytest==9.2.0 pytest-xdist==3.8.0 execnet==2.1.2 hypothesis==6.170.17 wheel==0.48.0)
 case $version in
   2.21) tf=(tensorflow-cpu==2.21.0) ;;
   2.15) tf=(tensorflow-cpu==2.15.1 tensorflow-estimator==2.15.0) ;;

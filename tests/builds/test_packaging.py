@@ -53,6 +53,7 @@ def _setuptools_major(python):
     return int(out.split(".")[0])
 
 
+@pytest.mark.once  # no TensorFlow version takes part: one TF stage of CI runs it
 @pytest.mark.slow
 def test_no_build_isolation_in_a_bare_venv_names_every_prerequisite(bare_venv, tmp_path):
     src = source_copy(tmp_path)
@@ -69,6 +70,7 @@ def test_no_build_isolation_in_a_bare_venv_names_every_prerequisite(bare_venv, t
     assert "Traceback" not in out
 
 
+@pytest.mark.once  # no TensorFlow version takes part: one TF stage of CI runs it
 def test_bazel_build_names_what_is_missing_before_bazel_starts(tmp_path):
     """The Bazel path (tools/bazel_build.sh, bazel_test.sh) checks its prerequisites as
     setup.py does: no Bazel, no compiler, no XLA header packages -> one line naming the
@@ -102,6 +104,7 @@ def test_bazel_build_names_what_is_missing_before_bazel_starts(tmp_path):
         assert not log.exists()
 
 
+@pytest.mark.once  # no TensorFlow version takes part: one TF stage of CI runs it
 @pytest.mark.slow
 def test_missing_system_packages_are_named_before_anything_compiles(tmp_path):
     """Issue 34: a machine without the XLA kernels' header packages (the check pointed at an
@@ -137,6 +140,7 @@ def test_missing_system_packages_are_named_before_anything_compiles(tmp_path):
             assert check.returncode != 0 and named in text and "no C++ compiler" not in text
 
 
+@pytest.mark.once  # no TensorFlow version takes part: one TF stage of CI runs it
 @pytest.mark.slow
 def test_plain_pip_install_explains_build_isolation(tmp_path):
     # pip's default: an isolated build env with setuptools and pybind11 from the package
@@ -152,6 +156,7 @@ def test_plain_pip_install_explains_build_isolation(tmp_path):
     assert not list(tmp_path.glob("wheels/*.whl"))
 
 
+@pytest.mark.once  # no TensorFlow version takes part: one TF stage of CI runs it
 @pytest.mark.slow
 def test_sdist_holds_everything_both_builds_and_the_tests_read(tmp_path):
     src = source_copy(tmp_path)

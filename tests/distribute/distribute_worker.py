@@ -1,16 +1,16 @@
 """Helper process for tests/distribute/test_distribute.py (one strategy per process: TF's devices,
 collectives and cluster connections can only be set up once per process).
 
-    python distribute_worker.py mirrored OUT.json        # MirroredStrategy, 2 virtual CPUs
-    python distribute_worker.py multiworker OUT.json     # MultiWorkerMirroredStrategy (TF_CONFIG)
-    python distribute_worker.py multiworker_loop OUT.json  # same, custom loop (strategy.run)
+    python distribute_worker.py mirrored OUT.json [MODELS [OPTIMIZERS]]  # MirroredStrategy, 2 virtual CPUs
+    python distribute_worker.py multiworker OUT.json [...]     # MultiWorkerMirroredStrategy (TF_CONFIG)
+    python distribute_worker.py multiworker_loop OUT.json [...]  # same, custom loop (strategy.run)
     python distribute_worker.py estimator OUT.json DIR   # TF 2.15 Estimator, RunConfig with
                                                          # train_distribute over 2 CPU devices
 
-Each mode trains every fusedopt.keras optimizer on a dense and an embedding model with
-Keras ``fit`` under the strategy, then the same model from the same initial weights with
-no strategy and the same global batch, and writes both final weight sets (and which fused
-kernels were traced) as JSON.
+Each mode trains fusedopt.keras optimizers (default: every one) on a dense and an embedding
+model (MODELS and OPTIMIZERS choose: plan()) with Keras ``fit`` under the strategy, then the
+same model from the same initial weights with no strategy and the same global batch, and
+writes both final weight sets (and which fused kernels were traced) as JSON.
 """
 import json
 import os
@@ -213,6 +213,18 @@ def record_kernels_v1():
     return seen
 
 
+def plan(models="dense,embedding", optimizers=None):
+    """[(model kind, [optimizer names])]: MODELS is a comma list of kinds, each trained with
+    the comma list OPTIMIZERS (default: every one in OPTIMIZERS), or "kind=Opt+Opt" for that
+    kind with those only."""
+    default = optimizers.split(",") if optimizers else list(OPTIMIZERS)
+    runs = []
+    for item in models.split(","):
+        kind, _, only = item.partition("=")
+        runs.append((kind, only.split("+") if only else default))
+    return runs
+
+
 def main():
     mode, out = sys.argv[1], sys.argv[2]
     if mode == "estimator":
@@ -249,9 +261,7 @@ def main():
                 fusedopt.keras.LazyAdam(slot_dtype="bfloat16").build([var])
         except ValueError as e:
             result["bfloat16_refused"] = str(e)
-    kinds = sys.argv[3].split(",") if len(sys.argv) > 3 else ["dense", "embedding"]
-    opts = sys.argv[4].split(",") if len(sys.argv) > 4 else list(OPTIMIZERS)
-    for kind in kinds:
+    for kind, opts in plan(*sys.argv[3:5]):
         for name in opts:
             seen.clear()
             SLOT_DTYPES.clear()

@@ -71,8 +71,12 @@ mutator = threading.Thread(target=flip, daemon=True)
 mutator.start()
 ok = failed = 0
 messages = set()
-deadline = time.monotonic() + float(sys.argv[2] if len(sys.argv) > 2 else SECONDS)
-while time.monotonic() < deadline:
+# The seconds given at least; then on until a call has met the race (a changed index), up
+# to the longest: a busy machine (another pytest-xdist worker on the other core) leaves
+# the two threads fewer moments side by side.
+start = time.monotonic()
+while (time.monotonic() - start < SECONDS or
+       (failed == 0 and UNTIL_FAILED and time.monotonic() - start < LONGEST)):
     try:
         call()
         ok += 1
@@ -90,7 +94,9 @@ print(json.dumps(dict(ok=ok, failed=failed, messages=sorted(messages)[:3],
 @pytest.mark.slow
 @pytest.mark.parametrize("path", ["core", "eager", "xla"])
 def test_indices_changed_during_the_call_never_write_outside_the_table(path):
-    code = CHILD.replace("PATH", repr(path)).replace("SECONDS", "2.0")
+    # (XLA's HLO lowering, TF 2.15, writes nothing and raises nothing: no failure to wait for)
+    code = (CHILD.replace("PATH", repr(path)).replace("SECONDS", "2.0")
+            .replace("LONGEST", "60.0").replace("UNTIL_FAILED", repr(path != "xla")))
     proc = run_python_in_subprocess(code, timeout=240)
     assert proc.returncode == 0, "%s: %s" % (describe_exit(proc), proc.stdout[-3000:])
     result = json.loads(proc.stdout.strip().splitlines()[-1])
