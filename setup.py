@@ -338,9 +338,10 @@ class BuildFusedOpt(build_ext):
         if built and os.path.exists(built):
             self.copy_file(built, os.path.join(ROOT, "python", "fusedopt", "_build_info.json"))
 
-    def compile_gpu_objects(self, jobs):
-        """nvcc objects of GPU_SRCS (once; shared by the op library and _core_cuda)."""
-        if getattr(self, "_gpu_objects", None) is None:
+    def submit_gpu_objects(self, pool):
+        """Queues nvcc's compiles of GPU_SRCS on `pool` (once; their objects are shared by
+        the op library and _core_cuda): a list of futures of the object paths."""
+        if getattr(self, "_gpu_futures", None) is None:
             nvcc = nvcc_path()
             obj_dir = os.path.join(self.build_temp, "gpu")
             os.makedirs(obj_dir, exist_ok=True)
@@ -350,9 +351,12 @@ class BuildFusedOpt(build_ext):
                 run([nvcc, *NVCC_FLAGS, "-I", ROOT, "-c", os.path.join(ROOT, src), "-o", obj])
                 return obj
 
-            with ThreadPoolExecutor(max_workers=jobs) as pool:
-                self._gpu_objects = list(pool.map(compile_one, lists["GPU_SRCS"]))
-        return self._gpu_objects
+            self._gpu_futures = [pool.submit(compile_one, src) for src in lists["GPU_SRCS"]]
+        return self._gpu_futures
+
+    def compile_gpu_objects(self, jobs):
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            return [f.result() for f in self.submit_gpu_objects(pool)]
 
     def build_extension(self, ext):
         jobs = int(os.environ.get("FUSEDOPT_JOBS", "2"))
@@ -384,18 +388,19 @@ class BuildFusedOpt(build_ext):
             run([cxx, *flags, *extra.get(src, []), "-c", os.path.join(ROOT, src), "-o", obj])
             return obj
 
-        gpu_objects, gpu_link = [], []
-        if CUDA:
-            gpu_objects = self.compile_gpu_objects(jobs)
-            gpu_link = cudart_link_flags(nvcc_path())
-        sources = list(ext.sources)
-        xla_link = []
+        gpu_link = cudart_link_flags(nvcc_path()) if CUDA else []
+        xla_sources, xla_link = [], []
         if XLA:
-            # The XLA kernels first: the slowest compile starts earliest.
-            sources = lists["XLA_SRCS"] + sources
+            xla_sources = lists["XLA_SRCS"]
             xla_link = [os.path.join(tensorflow_lib_dir(), "libtensorflow_cc.so.2")]
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            objects = list(pool.map(compile_one, sources))
+            # One queue for g++'s and nvcc's files, the slowest compiles first (XLA's, then
+            # the device code); the host files fill the workers as they free up.
+            pending = [pool.submit(compile_one, src) for src in xla_sources]
+            gpu_pending = self.submit_gpu_objects(pool) if CUDA else []
+            pending += [pool.submit(compile_one, src) for src in ext.sources]
+            objects = [f.result() for f in pending]
+            gpu_objects = [f.result() for f in gpu_pending]
         run([cxx, "-shared", *objects, *gpu_objects, "-o", out, *gpu_link, *tf_link, *xla_link])
         self._build_info_path = write_build_info(
             os.path.dirname(out), tf_version, "setuptools", compiler_version(cxx),

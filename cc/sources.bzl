@@ -27,15 +27,20 @@ CORE_HDRS = [
 
 # Layer 1, CUDA (opt-in: FUSEDOPT_CUDA=1 pip install / bazel --config=cuda). TF-free: the
 # same rules as CUDA kernels. GPU_HDRS are host-includable; GPU_CUDA_HDRS nvcc-only.
-# GPU_SRCS are compiled by nvcc (all rules in one file + the rule-independent CUB part).
+# GPU_SRCS are compiled by nvcc: every rule's kernels (engine_gpu_kernels.cuh) instantiated
+# over three files, split by (var, slot) type pair so that they compile in parallel, and the
+# rule-independent CUB part.
 GPU_HDRS = [
     "cc/core/gpu/engine_gpu.h",
 ]
 GPU_CUDA_HDRS = [
     "cc/core/gpu/gpu_common.cuh",
+    "cc/core/gpu/engine_gpu_kernels.cuh",
 ]
 GPU_SRCS = [
-    "cc/core/gpu/engine_gpu.cu.cc",
+    "cc/core/gpu/engine_gpu_wide.cu.cc",
+    "cc/core/gpu/engine_gpu_half.cu.cc",
+    "cc/core/gpu/engine_gpu_bfloat16.cu.cc",
     "cc/core/gpu/coalesce_gpu.cu.cc",
 ]
 

@@ -137,11 +137,12 @@ else
   say "nvcc: $("$nvcc" --version | grep release) | arch $arch | python: $("$py" --version 2>&1) | build: $build"
   pyinc=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['include'])")
   pybind=$("$py" -c "import pybind11; print(pybind11.get_include())")
-  # Device code: the two GPU_SRCS in parallel, with every build's flags (one file, see it).
+  # Device code: every GPU_SRCS file (cc/sources.bzl: all of cc/core/gpu/*.cu.cc) in
+  # parallel, with every build's flags (one file, see it).
   read -ra nvcc_flags <<<"$(sed -n 's/^flags://p' cc/core/gpu/nvcc_flags.txt)"
   nvcc_flags+=(-arch="$arch" -I "$root")
   pids=()
-  for src in cc/core/gpu/engine_gpu.cu.cc cc/core/gpu/coalesce_gpu.cu.cc; do
+  for src in cc/core/gpu/*.cu.cc; do
     "$nvcc" "${nvcc_flags[@]}" -c "$src" -o "$build/$(basename "$src").o" & pids+=($!)
   done
   for pid in "${pids[@]}"; do wait "$pid" || fail "nvcc failed (see its output above)"; done

@@ -42,6 +42,25 @@ def test_every_cc_file_is_in_the_one_source_list():
     assert len(set(listed)) == len(listed)
 
 
+def test_cuda_engine_instantiates_each_type_pair_once():
+    """The CUDA engine's kernels are instantiated over several files (parallel compiles):
+    together they cover exactly the (var, slot) pairs SlotStorageAllowed admits, each once,
+    and every such file is a GPU source (tools/gpu_check.sh compiles cc/core/gpu/*.cu.cc)."""
+    gpu_srcs = read_sources()["GPU_SRCS"]
+    assert sorted(gpu_srcs) == sorted(
+        os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "cc", "core", "gpu", "*.cu.cc")))
+    pairs = []
+    for path in gpu_srcs:
+        with open(os.path.join(ROOT, path)) as f:
+            text = f.read()
+        for args in re.findall(r"InstantiateAll<AllRules,((?:\s*Pair<[^>]+>,?)+)>;", text):
+            pairs += [tuple(t.strip() for t in p.split(","))
+                      for p in re.findall(r"Pair<([^>]+)>", args)]
+    types = ("half_t", "bfloat16_t", "float", "double")
+    allowed = [(t, t) for t in types] + [("float", "half_t"), ("float", "bfloat16_t")]
+    assert sorted(pairs) == sorted(allowed)
+
+
 def test_both_builds_read_the_one_source_list():
     with open(os.path.join(ROOT, "BUILD")) as f:
         build = f.read()

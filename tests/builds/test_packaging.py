@@ -172,7 +172,7 @@ def test_sdist_holds_everything_both_builds_and_the_tests_read(tmp_path):
     with open(os.path.join(ROOT, "cc", "sources.bzl")) as f:
         exec(f.read(), lists)  # Starlark lists of strings are Python
     sources = {p for key, value in lists.items() if key.isupper() for p in value}
-    assert {"cc/core/gpu/engine_gpu.cu.cc", "cc/tf/xla_kernels.cc"} <= sources
+    assert {"cc/core/gpu/engine_gpu_kernels.cuh", "cc/tf/xla_kernels.cc"} <= sources
     expected = sources | {"cc/sources.bzl", "setup.py", "pyproject.toml", "MANIFEST.in",
                           "LICENSE", "NOTICE", "CHANGELOG.md", "README.md", "BUILD", "WORKSPACE"}
     for folder in ("python", "tests", "tools", "benchmarks", "third_party"):

@@ -1,6 +1,7 @@
-// Internals shared by the two CUDA translation units (nvcc only): launch sizing,
-// error mapping, the device-side index check, and the interface between index coalescing (coalesce_gpu.cu.cc,
-// rule-independent, holds all CUB code) and the per-rule kernels (engine_gpu.cu.cc).
+// Internals shared by the CUDA translation units (nvcc only): launch sizing, error mapping,
+// the device-side index check, and the interface between index coalescing
+// (coalesce_gpu.cu.cc, rule-independent, holds all CUB code) and the per-rule kernels
+// (engine_gpu_kernels.cuh).
 #ifndef FUSEDOPT_CC_CORE_GPU_GPU_COMMON_CUH_
 #define FUSEDOPT_CC_CORE_GPU_GPU_COMMON_CUH_
 

@@ -1,10 +1,14 @@
-// The per-rule CUDA kernels, instantiated for every rule in AllRules, every storage
-// type with its slot storage types (var's own; bfloat16/half beside float) and (sparse)
-// both index types. One translation unit for all rules keeps the nvcc
-// time of the CUDA build to two compiles (this one and coalesce_gpu.cu.cc).
+// The per-rule CUDA kernels and their launchers, templated on the rule, the storage type T,
+// the slots' storage type S (var's own; bfloat16/half beside float) and (sparse) the index
+// type. nvcc only: included by the engine_gpu_*.cu.cc files, each of which instantiates
+// every rule for some (T, S) pairs (InstantiateAll below), so the CUDA build's longest
+// compile is split across translation units that build in parallel.
 //
 // Compiled with --fmad=false (no multiply-add contraction) and CUDA's default IEEE
 // sqrt/division, so float and double results equal the CPU engine's bit for bit.
+#ifndef FUSEDOPT_CC_CORE_GPU_ENGINE_GPU_KERNELS_CUH_
+#define FUSEDOPT_CC_CORE_GPU_ENGINE_GPU_KERNELS_CUH_
+
 #include "cc/core/gpu/gpu_common.cuh"
 #include "cc/core/rules/all_rules.h"
 
@@ -527,13 +531,17 @@ Status ApplySparse(const ParamsFor<Rule, T>& p, T* var, S* const* slots, int64_t
   });
 }
 
-// Every rule in AllRules x (storage type, slot storage type) (x index type), instantiated
-// by walking the registry: a new rule needs no line here. The (T, S) pairs are those of
-// cc/tf/tf_types.h's SlotStorageAllowed: S == T for every storage type, and bfloat16 or half
-// slots beside a float var. Taking each specialisation's address inside an explicitly
-// instantiated member function makes the compiler emit it in this file (the helpers have
-// external linkage so that nothing here may be discarded as unused).
+// Every rule in AllRules for the (T, S) pairs `Pairs` (and, sparse, both index types),
+// instantiated by walking the registry: a new rule needs no line anywhere. The pairs in all
+// are those of cc/tf/tf_types.h's SlotStorageAllowed, split over the engine_gpu_*.cu.cc
+// files (tests/builds/test_build_config.py checks each pair is instantiated exactly once).
+// Taking each specialisation's address inside an explicitly instantiated member function
+// makes the compiler emit it in that file (the launchers have external linkage, so nothing
+// here may be discarded as unused).
 namespace instantiation {
+
+template <typename T, typename S>
+struct Pair {};
 
 template <typename Rule, typename T, typename S>
 void UseRuleAndTypes() {
@@ -544,22 +552,24 @@ void UseRuleAndTypes() {
   sink = reinterpret_cast<void*>(&ApplySparse<Rule, T, int64_t, S>);
 }
 
-template <typename List>
+template <typename List, typename T, typename S>
+struct InstantiateRules;
+
+template <typename... Rules, typename T, typename S>
+struct InstantiateRules<RuleList<Rules...>, T, S> {
+  static void Run() { (UseRuleAndTypes<Rules, T, S>(), ...); }
+};
+
+template <typename List, typename... Pairs>
 struct InstantiateAll;
 
-template <typename... Rules>
-struct InstantiateAll<RuleList<Rules...>> {
-  static void Run() {
-    ((UseRuleAndTypes<Rules, half_t, half_t>(), UseRuleAndTypes<Rules, bfloat16_t, bfloat16_t>(),
-      UseRuleAndTypes<Rules, float, float>(), UseRuleAndTypes<Rules, double, double>(),
-      UseRuleAndTypes<Rules, float, half_t>(), UseRuleAndTypes<Rules, float, bfloat16_t>()),
-     ...);
-  }
+template <typename List, typename... T, typename... S>
+struct InstantiateAll<List, Pair<T, S>...> {
+  static void Run() { (InstantiateRules<List, T, S>::Run(), ...); }
 };
 
 }  // namespace instantiation
-
-template struct instantiation::InstantiateAll<AllRules>;
-
 }  // namespace gpu
 }  // namespace fusedopt
+
+#endif  // FUSEDOPT_CC_CORE_GPU_ENGINE_GPU_KERNELS_CUH_
