@@ -12,7 +12,8 @@
 #      TF 2.15 venv are set up in the background while the TF 2.21 builds compile.
 #   2. TF 2.15 (+ Estimator): built with Bazel, full pytest suite against that build less
 #      the tests marked `once` (TF-version-independent: they ran in stage 1), then
-#      `bazel test //...`. Both suites run on two pytest-xdist workers.
+#      `bazel test //...`. Both suites (and the op tests of the CUDA and sanitizer builds)
+#      run on two pytest-xdist workers.
 #   3. Each TensorFlow refuses the other's op library with a clear ImportError.
 # Tests marked `large` (rows past 2^31 elements, ~9 GB) are opt-in:
 #   FUSEDOPT_LARGE_TESTS=1 python -m pytest -m large tests
@@ -102,12 +103,13 @@ FUSEDOPT_GPU_STANDIN=1 "$py221" -m pytest -q -p no:cacheprovider tests/gpu
 if [[ -n $nvcc ]]; then
   section "TF 2.21: CPU op tests against the CUDA build (CPU-only TF: GPU kernels inert)"
   (cd tests && PYTHONPATH="$cuda_pkg" "$py221" -m fusedopt.info)
-  PYTHONPATH="$cuda_pkg" "$py221" -m pytest -q -p no:cacheprovider tests/ops/test_ops.py tests/ops/test_errors.py
+  PYTHONPATH="$cuda_pkg" "$py221" -m pytest -q -p no:cacheprovider "${xdist[@]}" \
+    tests/ops/test_ops.py tests/ops/test_errors.py
   section "GPU harness (tools/gpu_check.sh: builds, skips without a GPU)"
   tools/gpu_check.sh "$py221"
 fi
 section "TF 2.21: ASan + UBSan build, op tests"
-tools/sanitize.sh "$py221" tests/ops/test_ops.py tests/ops/test_errors.py tests/core/test_core.py
+tools/sanitize.sh "$py221" "${xdist[@]}" tests/ops/test_ops.py tests/ops/test_errors.py tests/core/test_core.py
 
 finish env215 "TF 2.15: environment"
 py215=$finished
