@@ -91,6 +91,7 @@ XLA_SRCS = [
 PYBIND_HDRS = [
     "cc/pybind/common.h",
     "cc/pybind/bandwidth.h",
+    "cc/pybind/sparse_floor.h",
     "cc/pybind/cuda_arrays.h",  # these two: _core_cuda only
     "cc/pybind/cuda_checks.h",
 ]

@@ -4,6 +4,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -18,6 +20,7 @@
 #include "cc/core/rules/all_rules.h"
 #include "cc/core/validate.h"
 #include "cc/pybind/bandwidth.h"
+#include "cc/pybind/sparse_floor.h"
 #include "cc/pybind/common.h"
 
 // The NumPy module's code lives in pycommon, beside the helpers it is built from.
@@ -307,6 +310,63 @@ void DefineCoreModule(py::module_& m) {
       "Vector instruction set of this module's element loops (cc/core/cpu_isa.h): \"avx2\" "
       "where the CPU has it, else \"baseline\" (x86-64 SSE2; also with "
       "FUSEDOPT_CPU_ISA=baseline). Results are bit-identical either way.");
+  m.def(
+      "sparse_floor",
+      [](const py::sequence& batches, int64_t num_rows, int64_t row_size, int element_slots,
+         int row_slots, int64_t num_threads, int repeats) {
+        Require(num_rows > 0 && row_size > 0, "num_rows and row_size must be positive");
+        Require(element_slots >= 0 && element_slots <= 4 && row_slots >= 0 && row_slots <= 4,
+                "element_slots and row_slots must be in [0, 4]");
+        Require(repeats >= 1 && repeats <= 10000, "repeats must be in [1, 10000]");
+        Require(num_rows <= (int64_t{1} << 40) / row_size, "num_rows * row_size is too large");
+        // The probe maps and touches its tables: at most half of this machine's memory.
+        const double bytes = 4.0 * static_cast<double>(num_rows) *
+                             static_cast<double>((1 + element_slots) * row_size + row_slots);
+        const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+                              static_cast<double>(sysconf(_SC_PAGESIZE));
+        Require(bytes <= memory / 2, "the probe's tables would take " +
+                                         std::to_string(static_cast<int64_t>(bytes / 1e6)) +
+                                         " MB, more than half of this machine's memory");
+        const int threads = ThreadCount(num_threads);
+        std::vector<py::array_t<int64_t, py::array::c_style | py::array::forcecast>> held;
+        std::vector<sparse_floor::Batch> list;
+        for (const py::handle& item : batches) {
+          const py::array given = py::array::ensure(item);
+          Require(given && (given.dtype().kind() == 'i' || given.dtype().kind() == 'u'),
+                  "each batch of ids must be an integer array, got " + TypeName(item) +
+                      (given ? " of dtype " + std::string(py::str(given.dtype())) : ""));
+          held.emplace_back(given);
+          const auto& ids = held.back();
+          Require(ids.ndim() == 1 && ids.size() > 0, "each batch of ids must be a non-empty 1-D array");
+          const int64_t* data = ids.data();
+          for (py::ssize_t i = 0; i < ids.size(); ++i) {
+            Require(data[i] >= 0 && data[i] < num_rows,
+                    IndexErrorMessage(static_cast<int64_t>(i), data[i], num_rows));
+          }
+          list.push_back({data, static_cast<int64_t>(ids.size())});
+        }
+        Require(!list.empty(), "batches must hold at least one array of ids");
+        sparse_floor::Result r;
+        {
+          py::gil_scoped_release release;
+          r = sparse_floor::Measure(list, num_rows, row_size, element_slots, row_slots, threads,
+                                    repeats);
+        }
+        py::dict out;
+        out["group_ms"] = r.group_ms;
+        out["rows_ms"] = r.rows_ms;
+        out["floor_ms"] = r.group_ms + r.rows_ms;
+        out["distinct_rows"] = r.distinct_rows;
+        return out;
+      },
+      py::arg("batches"), py::arg("num_rows"), py::arg("row_size"), py::arg("element_slots"),
+      py::arg("row_slots") = 0, py::arg("num_threads") = 1, py::arg("repeats") = 20,
+      "The floor of a sparse step (cc/pybind/sparse_floor.h), on tables of its own: group_ms "
+      "(one thread: the ids of a batch to distinct rows, gradient rows summed), rows_ms "
+      "(num_threads threads: read, update and write exactly those rows of var, element_slots "
+      "per-element and row_slots per-row slots), floor_ms (their sum), each the best of "
+      "`repeats` over the batches (lists of int64 ids in [0, num_rows)); distinct_rows of the "
+      "first batch.");
   m.def(
       "memory_bandwidth",
       [](const std::string& kernel, int64_t n, int num_threads, int repeats) {

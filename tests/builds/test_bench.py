@@ -39,6 +39,13 @@ def test_quick_benchmark_runs_every_scenario_and_contenders_agree(tmp_path):
         expected["lazy_adam"].add("tf_keras legacy Adam")
     for rule, names in expected.items():
         assert names <= set(sparse[rule]), (rule, sorted(sparse[rule]))
+    for rule, rows in sparse.items():  # every rule's step beside its floor (issue 33)
+        meta = rows["_meta"]
+        assert meta["floor_group_ms"] > 0 and meta["floor_rows_ms"] > 0, (rule, meta)
+        assert meta["floor_ms"] == meta["floor_group_ms"] + meta["floor_rows_ms"]
+        assert meta["fusedopt_x_floor"] == rows["fusedopt (raw op)"]["median_ms"] / meta["floor_ms"]
+    floor_aims = [a for a in results["aims"] if "/ the floor" in a["aim"]]
+    assert len(floor_aims) == 2 and all(a["value"] > 0 for a in floor_aims), floor_aims
     xla = {"fusedopt.keras.LazyAdam, XLA", "fusedopt (raw op), XLA",
            "fusedopt (raw op), XLA, HLO lowering", "fusedopt (raw op), no XLA", "tf.keras Adam, XLA"}
     assert len(results["sparse_xla"]) == 2  # two table sizes

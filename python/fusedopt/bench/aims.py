@@ -24,6 +24,9 @@ def sparse_aims(sparse):
                         lazy["torch SparseAdam"]["x_fusedopt"], 1))
     rows.append(aim("sparse Adagrad vs TF fused (+dedup)",
                     sparse["adagrad"]["TF ResourceSparseApplyAdagradV2 (+dedup)"]["x_fusedopt"], 1))
+    for rule, label in (("lazy_adam", "LazyAdam"), ("adagrad", "Adagrad")):
+        rows.append(aim(f"sparse {label} raw op / the floor (issue 33)",
+                        sparse[rule]["_meta"].get("fusedopt_x_floor"), 2, at_most=True))
     return rows
 
 

@@ -6,6 +6,7 @@ import os
 import numpy as np
 
 from fusedopt.bench import libraries
+from fusedopt.bench.config import THREADS
 from fusedopt.bench.contenders import RULES, add_optimizer
 from fusedopt.bench.memory import wait_for_huge_pages
 from fusedopt.bench.timing import check_and_time, cycling, quiet_function
@@ -194,8 +195,26 @@ def scenario_sparse(tf, cfg, progress):
         out[rule] = measure(cfg, progress, problem, *rule_contenders(tf, problem, rule))
         gc.collect()  # the contenders' variables
         unique = len(np.unique(problem.batches[0][0]))
-        out[rule]["_meta"] = {"unique_ids_per_step": unique}
+        out[rule]["_meta"] = {"unique_ids_per_step": unique,
+                              **floor(problem, rule, out[rule]["fusedopt (raw op)"]["median_ms"],
+                                      cfg["repeats"])}
     return out
+
+
+def floor(problem, rule, fused_ms, repeats):
+    """The floor of this rule's sparse step on the problem (fusedopt._core.sparse_floor:
+    group the ids and sum duplicates on one thread, then read, update and write exactly the
+    touched rows of var and the rule's slots on THREADS threads), and the raw op's step
+    as a multiple of it."""
+    from fusedopt import _core
+
+    layouts = _core.rules()[rule]["slot_layouts"].values()
+    probe = _core.sparse_floor([ids for ids, _ in problem.batches], problem.rows, problem.dim,
+                               element_slots=sum(x == "per_element" for x in layouts),
+                               row_slots=sum(x == "per_row" for x in layouts),
+                               num_threads=THREADS, repeats=max(5, 4 * repeats))
+    return {"floor_ms": probe["floor_ms"], "floor_group_ms": probe["group_ms"],
+            "floor_rows_ms": probe["rows_ms"], "fusedopt_x_floor": fused_ms / probe["floor_ms"]}
 
 
 def scenario_sparse_xla(tf, cfg, progress):
