@@ -24,7 +24,9 @@ pkg=$out/fusedopt
 obj=$out/obj
 mkdir -p "$obj"
 jobs=${FUSEDOPT_JOBS:-2}
-san=(-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g)
+# -g1: line tables only (ASan and UBSan reports name function, file and line); full -g
+# debug info made the build ~40% slower (52 -> 37 s a kernel file).
+san=(-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g1)
 # g++ 12 rejects TF 2.21's absl headers with -fsanitize=null (+nonnull checks): "function
 # pointer == nullptr ... is not a constant expression" in hash_policy_traits.h. Those three
 # checks are dropped for the TF op library only (ASan still traps null dereferences there).
