@@ -36,6 +36,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -307,6 +308,14 @@ def nvcc_version(nvcc):
 
 
 class BuildFusedOpt(build_ext):
+    def finalize_options(self):
+        super().finalize_options()
+        # The extensions build side by side (the op library's files in a pool of their own,
+        # _core and _core_cuda beside it), so no core idles while a one-file module
+        # compiles; COMPILE_SLOTS still caps the compiler processes at FUSEDOPT_JOBS.
+        if not self.parallel and len(self.extensions) > 1:
+            self.parallel = len(self.extensions)
+
     def run(self):
         if not CUDA:
             # An earlier FUSEDOPT_CUDA=1 build in this tree left _core_cuda in build/lib (or the
@@ -341,6 +350,10 @@ class BuildFusedOpt(build_ext):
     def submit_gpu_objects(self, pool):
         """Queues nvcc's compiles of GPU_SRCS on `pool` (once; their objects are shared by
         the op library and _core_cuda): a list of futures of the object paths."""
+        with GPU_SUBMIT:  # _core_cuda's build may ask at the same time as the op library's
+            return self._submit_gpu_objects(pool)
+
+    def _submit_gpu_objects(self, pool):
         if getattr(self, "_gpu_futures", None) is None:
             nvcc = nvcc_path()
             obj_dir = os.path.join(self.build_temp, "gpu")
@@ -359,18 +372,19 @@ class BuildFusedOpt(build_ext):
             return [f.result() for f in self.submit_gpu_objects(pool)]
 
     def build_extension(self, ext):
-        jobs = int(os.environ.get("FUSEDOPT_JOBS", "2"))
+        jobs = JOBS
         if ext.name == CUDA_EXT:
             nvcc = nvcc_path()
             cudart, *system_libs = cudart_link_flags(nvcc)
+            # The device objects first, holding no slot (their compiles take slots of their own).
             ext.extra_objects = [*self.compile_gpu_objects(jobs), cudart]
             ext.extra_link_args = [*ext.extra_link_args, *system_libs]
             # cuda_runtime.h for cudaMallocAsync & co.; a system header (no -Werror noise).
             ext.extra_compile_args = [*ext.extra_compile_args,
                                       "-isystem", os.path.join(cuda_root(nvcc), "include")]
-            return super().build_extension(ext)
         if ext.name != OPS_EXT:
-            return super().build_extension(ext)
+            with COMPILE_SLOTS:  # a one-file module: one compile, then its link
+                return super().build_extension(ext)
         cxx = os.environ.get("CXX", "g++")
         tf_version, tf_compile, tf_link = tensorflow_flags()
         out = self.get_ext_fullpath(ext.name)
@@ -407,9 +421,18 @@ class BuildFusedOpt(build_ext):
             cuda=nvcc_version(nvcc_path()) if CUDA else None)
 
 
+JOBS = int(os.environ.get("FUSEDOPT_JOBS", "2"))
+if JOBS < 1:
+    sys.exit(f"FUSEDOPT_JOBS must be at least 1, got {JOBS}")
+# At most JOBS compiler or linker processes at once, whichever extension they build.
+COMPILE_SLOTS = threading.BoundedSemaphore(JOBS)
+GPU_SUBMIT = threading.Lock()
+
+
 def run(cmd):
-    print(" ".join(shlex.quote(c) for c in cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    with COMPILE_SLOTS:
+        print(" ".join(shlex.quote(c) for c in cmd), flush=True)
+        subprocess.run(cmd, check=True)
 
 
 def library_record(path):
