@@ -61,14 +61,22 @@ LEGACY = Legacy(
       epsilon: added to ``sqrt(v)`` ("epsilon hat" of the Adam paper, default 1e-7).
       amsgrad: whether to use AMSGrad (Keras's own update, not fused; default False).""")
 
+def adam_compat_v1(default_name):
+    """What every Adam-family ``tf.compat.v1`` class shares (CompatV1 fields): TF's
+    ``AdamOptimizer`` constructor (with `default_name`), slots m and v, the op's Adam
+    hyper-parameters from its arguments and the beta powers kept as non-slot variables."""
+    return dict(
+        signature=(("learning_rate", 0.001), ("beta1", 0.9), ("beta2", 0.999),
+                   ("epsilon", 1e-08), ("use_locking", False), ("name", default_name)),
+        slots=(("m", None), ("v", None)),
+        hyper=dict(beta1_power=NonSlot("beta1_power"), beta2_power=NonSlot("beta2_power"),
+                   lr="learning_rate", beta1="beta1", beta2="beta2", epsilon="epsilon"),
+        powers=(("beta1_power", "beta1"), ("beta2_power", "beta2")))
+
+
 COMPAT_V1 = CompatV1(
     name="LazyAdamOptimizer",
-    signature=(("learning_rate", 0.001), ("beta1", 0.9), ("beta2", 0.999), ("epsilon", 1e-08),
-               ("use_locking", False), ("name", "Adam")),
-    slots=(("m", None), ("v", None)),
-    hyper=dict(beta1_power=NonSlot("beta1_power"), beta2_power=NonSlot("beta2_power"),
-               lr="learning_rate", beta1="beta1", beta2="beta2", epsilon="epsilon"),
-    powers=(("beta1_power", "beta1"), ("beta2_power", "beta2")),
+    **adam_compat_v1("Adam"),
     anchor="AdamOptimizer",
     doc="""Adam with lazy sparse updates, on fusedopt's fused ops.
 

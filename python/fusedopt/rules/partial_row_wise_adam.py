@@ -17,7 +17,8 @@ C++: ``cc/core/rules/partial_row_wise_adam.h`` (``PartialRowWiseAdamRule``).
 import tensorflow as tf
 
 from fusedopt.rules._front import (Attr, CompatV1, Keras, LearningRate, Legacy,
-                                   NewOptimizer, NonSlot, Power)
+                                   NewOptimizer, Power)
+from fusedopt.rules.lazy_adam import adam_compat_v1
 
 MATH = ("v[r] = beta2·v[r] + (1-beta2)·mean(g[r]²); m = beta1·m + (1-beta1)·g; "
         "var -= lr/(1-beta1_power) / (sqrt(v[r]/(1-beta2_power)) + epsilon) · m  (v: one per row)")
@@ -80,12 +81,7 @@ LEGACY = Legacy(
 
 COMPAT_V1 = CompatV1(
     name="PartialRowWiseAdamOptimizer",
-    signature=(("learning_rate", 0.001), ("beta1", 0.9), ("beta2", 0.999), ("epsilon", 1e-08),
-               ("use_locking", False), ("name", "PartialRowWiseAdam")),
-    slots=(("m", None), ("v", None)),
-    hyper=dict(beta1_power=NonSlot("beta1_power"), beta2_power=NonSlot("beta2_power"),
-               lr="learning_rate", beta1="beta1", beta2="beta2", epsilon="epsilon"),
-    powers=(("beta1_power", "beta1"), ("beta2_power", "beta2")),
+    **adam_compat_v1("PartialRowWiseAdam"),  # Adam's hyper-parameters, as the C++ rule's
     doc="""Partial row-wise Adam (FBGEMM's ``PARTIAL_ROWWISE_ADAM``) on fusedopt's fused ops,
     as a ``tf.compat.v1.train.Optimizer``::
 
