@@ -11,6 +11,23 @@ namespace xla_impl {
 
 namespace tfw = ::tensorflow;
 
+// The attributes every XLA op kernel of a rule reads, and where it compiles.
+template <typename Rule>
+struct RuleAttrs {
+  explicit RuleAttrs(tfw::OpKernelConstruction* ctx)
+      : on_cpu(ctx->device_type() == tfw::DeviceType(tfw::DEVICE_CPU_XLA_JIT)) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &dtype));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("stochastic_rounding", &stochastic));
+    for (int i = 0; i < NumOptions<Rule>(); ++i) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr(Rule::kOptions[i].name, &options[i]));
+    }
+  }
+  const bool on_cpu;  // compiling for XLA:CPU
+  tfw::DataType dtype = tfw::DT_INVALID;
+  bool stochastic = false;  // stochastic_rounding (of 16-bit slots)
+  std::array<bool, NumOptions<Rule>()> options{};
+};
+
 // ---------------------------------------------------------------------------------------
 // The XLA op kernel.
 
@@ -22,14 +39,7 @@ class FusedApplyXlaOp : public tfw::XlaOpKernel {
 
  public:
   explicit FusedApplyXlaOp(tfw::OpKernelConstruction* ctx)
-      : XlaOpKernel(ctx),
-        on_cpu_(ctx->device_type() == tfw::DeviceType(tfw::DEVICE_CPU_XLA_JIT)) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &dtype_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("stochastic_rounding", &stochastic_));
-    for (int i = 0; i < NumOptions<Rule>(); ++i) {
-      OP_REQUIRES_OK(ctx, ctx->GetAttr(Rule::kOptions[i].name, &options_[i]));
-    }
-  }
+      : XlaOpKernel(ctx), attrs_(ctx) {}
 
   void Compile(tfw::XlaOpKernelContext* ctx) override {
     // The CPU kernel's checks in its order, at compile time: every variable initialized;
@@ -42,8 +52,8 @@ class FusedApplyXlaOp : public tfw::XlaOpKernel {
     }
     for (int i = 0; i <= kSlots; ++i) {
       const std::string error =
-          i == 0 ? VarDtypeError(dtype_, StateName(0), types[0])
-                 : SlotDtypeError(dtype_, StateName(i), types[i], StateName(1), types[1]);
+          i == 0 ? VarDtypeError(attrs_.dtype, StateName(0), types[0])
+                 : SlotDtypeError(attrs_.dtype, StateName(i), types[i], StateName(1), types[1]);
       OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(error));
       OP_REQUIRES_OK(ctx, CheckDistinctVariables(ctx, i + 1, StateName));
     }
@@ -55,7 +65,7 @@ class FusedApplyXlaOp : public tfw::XlaOpKernel {
       shapes[i] = ToShape(shape);
     }
     absl::Status type_status;
-    const xla::PrimitiveType storage = PrimitiveTypeOf(dtype_, &type_status);
+    const xla::PrimitiveType storage = PrimitiveTypeOf(attrs_.dtype, &type_status);
     const xla::PrimitiveType slot_storage =
         kSlots > 0 ? PrimitiveTypeOf(types[std::min(1, kSlots)], &type_status) : storage;
     OP_REQUIRES_OK(ctx, type_status);
@@ -73,7 +83,7 @@ class FusedApplyXlaOp : public tfw::XlaOpKernel {
 
     std::array<xla::XlaOp, 1 + kSlots> updated;
     bool write = true;
-    if (UseCustomCall(on_cpu_)) {
+    if (UseCustomCall(attrs_.on_cpu)) {
       CompileCustomCall(ctx, state, &updated);
     } else if constexpr (kSparse) {
       write = CompileHloSparse(ctx, state, storage, slot_storage, shapes[0], indices_shape[0],
@@ -98,13 +108,13 @@ class FusedApplyXlaOp : public tfw::XlaOpKernel {
     xla::XlaBuilder* b = ctx->builder();
     const xla::PrimitiveType compute = ComputeTypeOf(storage);
     XlaValueScope scope(b, compute);
-    const auto params = HloParams<Rule>(ctx, 1 + kSlots, compute, options_.data());
+    const auto params = HloParams<Rule>(ctx, 1 + kSlots, compute, attrs_.options.data());
     std::array<xla::XlaOp, kSlots> slots;
     for (int k = 0; k < kSlots; ++k) slots[k] = xla::ConvertElementType(state[k + 1], compute);
     const HloState<Rule> out = HloUpdate<Rule>(
         params, xla::ConvertElementType(state[0], compute), slots,
         xla::ConvertElementType(ctx->Input(kGradInput), compute), storage, slot_storage,
-        stochastic_);
+        attrs_.stochastic);
     (*updated)[0] = out.var;
     for (int k = 0; k < kSlots; ++k) (*updated)[k + 1] = out.slots[k];
   }
@@ -166,14 +176,14 @@ class FusedApplyXlaOp : public tfw::XlaOpKernel {
 
     // 4. Each run's row updated once; any out-of-range id anywhere: no row written.
     XlaValueScope scope(b, compute);
-    const auto params = HloParams<Rule>(ctx, 1 + kSlots, compute, options_.data());
+    const auto params = HloParams<Rule>(ctx, 1 + kSlots, compute, attrs_.options.data());
     std::array<xla::XlaOp, kSlots> slot_rows;
     for (int k = 0; k < kSlots; ++k) {
       slot_rows[k] = xla::ConvertElementType(GatherRows(state[k + 1], rows), compute);
     }
     const HloState<Rule> out = HloUpdate<Rule>(
         params, xla::ConvertElementType(GatherRows(state[0], rows), compute), slot_rows, sums,
-        storage, slot_storage, stochastic_);
+        storage, slot_storage, attrs_.stochastic);
     const xla::XlaOp write_row = xla::Select(xla::And(head, xla::Broadcast(all_in_range, {n})),
                                              rows, xla::Broadcast(c(num_rows), {n}));
     const xla::XlaComputation replace = ReplaceComputation(b, storage);
@@ -195,7 +205,7 @@ class FusedApplyXlaOp : public tfw::XlaOpKernel {
     operands.push_back(ctx->Input(kGradInput));
     if (kSparse) operands.push_back(ctx->Input(kGradInput + 1));
     operands.push_back(
-        xla::ConstantR1<uint8_t>(b, OptionBytes<Rule>(options_.data(), stochastic_)));
+        xla::ConstantR1<uint8_t>(b, OptionBytes<Rule>(attrs_.options.data(), attrs_.stochastic)));
     std::vector<xla::Shape> shapes;
     std::vector<std::pair<xla::ShapeIndex, std::pair<int64_t, xla::ShapeIndex>>> aliasing;
     for (int i = 0; i <= kSlots; ++i) {
@@ -212,10 +222,7 @@ class FusedApplyXlaOp : public tfw::XlaOpKernel {
     for (int i = 0; i <= kSlots; ++i) (*updated)[i] = xla::GetTupleElement(call, i);
   }
 
-  const bool on_cpu_;  // compiling for XLA:CPU
-  tfw::DataType dtype_;
-  bool stochastic_ = false;  // stochastic_rounding (of 16-bit slots)
-  std::array<bool, NumOptions<Rule>()> options_{};
+  const RuleAttrs<Rule> attrs_;
 };
 
 // FusedOpt>ResourceGroupApply<Rule>: N dense updates sharing the hyper-parameters. On
@@ -228,14 +235,8 @@ class FusedGroupApplyXlaOp : public tfw::XlaOpKernel {
 
  public:
   explicit FusedGroupApplyXlaOp(tfw::OpKernelConstruction* ctx)
-      : XlaOpKernel(ctx),
-        on_cpu_(ctx->device_type() == tfw::DeviceType(tfw::DEVICE_CPU_XLA_JIT)) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &dtype_));
+      : XlaOpKernel(ctx), attrs_(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("stochastic_rounding", &stochastic_));
-    for (int i = 0; i < NumOptions<Rule>(); ++i) {
-      OP_REQUIRES_OK(ctx, ctx->GetAttr(Rule::kOptions[i].name, &options_[i]));
-    }
   }
 
   void Compile(tfw::XlaOpKernelContext* ctx) override {
@@ -261,10 +262,10 @@ class FusedGroupApplyXlaOp : public tfw::XlaOpKernel {
       OP_REQUIRES_OK(ctx, ctx->GetVariableTypeAndShape(j, &types[j], &shape));
       shapes[j] = ToShape(shape);
     }
-    const tfw::DataType slot_dtype = kSlots > 0 && n_ > 0 ? types[n_] : dtype_;
+    const tfw::DataType slot_dtype = kSlots > 0 && n_ > 0 ? types[n_] : attrs_.dtype;
     if (kSlots > 0 && n_ > 0) {
       const std::string error =
-          SlotDtypeError(dtype_, StateName(n_), slot_dtype, StateName(n_), slot_dtype);
+          SlotDtypeError(attrs_.dtype, StateName(n_), slot_dtype, StateName(n_), slot_dtype);
       OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(error));
     }
     const Shape scalars[kHyper > 0 ? kHyper : 1];
@@ -272,8 +273,9 @@ class FusedGroupApplyXlaOp : public tfw::XlaOpKernel {
       for (int k = 0; k <= kSlots; ++k) {
         const int64_t j = k * n_ + v;
         const std::string error =
-            k == 0 ? VarDtypeError(dtype_, StateName(j), types[j])
-                   : SlotDtypeError(dtype_, StateName(j), types[j], StateName(n_), slot_dtype);
+            k == 0
+                ? VarDtypeError(attrs_.dtype, StateName(j), types[j])
+                : SlotDtypeError(attrs_.dtype, StateName(j), types[j], StateName(n_), slot_dtype);
         OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(error));
       }
       std::array<Shape, kSlots> slots;
@@ -290,12 +292,12 @@ class FusedGroupApplyXlaOp : public tfw::XlaOpKernel {
     }
     xla::XlaBuilder* b = ctx->builder();
     std::vector<xla::XlaOp> updated(num_state);
-    if (UseCustomCall(on_cpu_)) {
+    if (UseCustomCall(attrs_.on_cpu)) {
       std::vector<xla::XlaOp> operands(state);
       for (int i = 0; i < kHyper; ++i) operands.push_back(ctx->Input(first_hyper + i));
       for (int64_t v = 0; v < n_; ++v) operands.push_back(ctx->Input(first_grad + v));
       operands.push_back(
-          xla::ConstantR1<uint8_t>(b, OptionBytes<Rule>(options_.data(), stochastic_)));
+          xla::ConstantR1<uint8_t>(b, OptionBytes<Rule>(attrs_.options.data(), attrs_.stochastic)));
       std::vector<xla::Shape> out_shapes;
       std::vector<std::pair<xla::ShapeIndex, std::pair<int64_t, xla::ShapeIndex>>> aliasing;
       for (int64_t j = 0; j < num_state; ++j) {
@@ -312,12 +314,12 @@ class FusedGroupApplyXlaOp : public tfw::XlaOpKernel {
       for (int64_t j = 0; j < num_state; ++j) updated[j] = xla::GetTupleElement(call, j);
     } else {
       absl::Status type_status;
-      const xla::PrimitiveType storage = PrimitiveTypeOf(dtype_, &type_status);
+      const xla::PrimitiveType storage = PrimitiveTypeOf(attrs_.dtype, &type_status);
       const xla::PrimitiveType slot_storage = PrimitiveTypeOf(slot_dtype, &type_status);
       OP_REQUIRES_OK(ctx, type_status);
       const xla::PrimitiveType compute = ComputeTypeOf(storage);
       XlaValueScope scope(b, compute);
-      const auto params = HloParams<Rule>(ctx, first_hyper, compute, options_.data());
+      const auto params = HloParams<Rule>(ctx, first_hyper, compute, attrs_.options.data());
       for (int64_t v = 0; v < n_; ++v) {
         std::array<xla::XlaOp, kSlots> slots;
         for (int k = 0; k < kSlots; ++k) {
@@ -326,7 +328,7 @@ class FusedGroupApplyXlaOp : public tfw::XlaOpKernel {
         const HloState<Rule> out = HloUpdate<Rule>(
             params, xla::ConvertElementType(state[v], compute), slots,
             xla::ConvertElementType(ctx->Input(first_grad + v), compute), storage, slot_storage,
-            stochastic_);
+            attrs_.stochastic);
         updated[v] = out.var;
         for (int k = 0; k < kSlots; ++k) updated[(k + 1) * n_ + v] = out.slots[k];
       }
@@ -344,11 +346,8 @@ class FusedGroupApplyXlaOp : public tfw::XlaOpKernel {
     return std::string(k == 0 ? "var" : Rule::kSlots[k - 1]) + "[" + std::to_string(j % n_) + "]";
   }
 
-  const bool on_cpu_;
-  tfw::DataType dtype_;
+  const RuleAttrs<Rule> attrs_;
   int64_t n_ = 0;
-  bool stochastic_ = false;  // stochastic_rounding (of 16-bit slots)
-  std::array<bool, NumOptions<Rule>()> options_{};
 };
 
 }  // namespace xla_impl
