@@ -43,6 +43,24 @@ def test_quick_fbgemm_scenario_has_every_row_and_fbgemm_agrees(tmp_path):
         assert r["unique_ids"] < r["ids"]  # duplicates: both sum them
     text = (tmp_path / "report.md").read_text()
     assert "### FBGEMM CPU beside fusedopt" in text and "EXACT_ROWWISE_ADAGRAD" in text
+    aims = [a for a in json.loads((tmp_path / "results.json").read_text())["aims"]
+            if "vs FBGEMM CPU" in a["aim"]]
+    largest = [r for r in peer["rows"] if r["table_rows"] == max(cfg["fbgemm_tables"])]
+    assert len(aims) == len(largest) > 0
+    for a, r in zip(aims, largest):
+        assert a["value"] == r["x_fusedopt"] and a["target"] == ">= 2", (a, r)
+        assert a["met"] == (r["x_fusedopt"] >= 2)
+
+
+def test_fbgemm_aims_name_rule_mode_threads_and_table():
+    from fusedopt.bench import aims
+    row = dict(table_rows=1000, threads=2, rule="adagrad", fbgemm="EXACT_ADAGRAD",
+               mode="update", x_fusedopt=1.5)
+    smaller = dict(row, table_rows=10, x_fusedopt=9.0)
+    got = aims.fbgemm_aims({"rows": [row, smaller]})
+    assert got == [{"aim": "sparse adagrad vs FBGEMM CPU EXACT_ADAGRAD (update, 2 threads, "
+                           "1,000 rows)", "value": 1.5, "target": ">= 2", "met": False}]
+    assert aims.fbgemm_aims({"_skipped": "no FBGEMM"}) == []
 
 
 def test_without_fbgemm_the_scenario_is_skipped_with_one_line(monkeypatch):

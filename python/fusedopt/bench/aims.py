@@ -30,6 +30,16 @@ def sparse_aims(sparse):
     return rows
 
 
+def fbgemm_aims(peer):
+    """Issue 33's ">= 2x FBGEMM CPU at equal threads": every row of the largest table."""
+    rows = peer.get("rows", [])  # none when FBGEMM's venv was not there (_skipped)
+    largest = max((r["table_rows"] for r in rows), default=None)
+    return [aim(f"sparse {r['rule']} vs FBGEMM CPU {r['fbgemm']} ({r['mode']}, "
+                f"{r['threads']} thread{'s' if r['threads'] > 1 else ''}, "
+                f"{r['table_rows']:,} rows)", r["x_fusedopt"], 2)
+            for r in rows if r["table_rows"] == largest]
+
+
 def sparse_xla_aims(tables):
     small_rows, large_rows = min(tables, key=int), max(tables, key=int)
     small, large = tables[small_rows], tables[large_rows]
@@ -130,6 +140,8 @@ def aims(results):
     rows = []
     if "sparse" in results:
         rows += sparse_aims(results["sparse"])
+    if "sparse_fbgemm" in results:
+        rows += fbgemm_aims(results["sparse_fbgemm"])
     if "sparse_xla" in results:
         rows += sparse_xla_aims(results["sparse_xla"])
     if "dense" in results:
