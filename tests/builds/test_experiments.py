@@ -70,3 +70,28 @@ def test_cpp_probes_compile_warning_free_and_run(tmp_path, tool, args, expect):
     proc = subprocess.run([binary, *args], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert expect in proc.stdout
+
+
+@pytest.mark.slow
+def test_core_build_ab_builds_this_tree_and_compares_it_with_the_installed_core(tmp_path):
+    """benchmarks/experiments/core_build_ab.py (BENCHMARKS.md's prefetch A/B): `build` makes a
+    _core from this tree that imports and steps; `compare` (quick) times it beside the
+    installed one, every step of both builds."""
+    import fusedopt._core
+    tool = os.path.join(EXPERIMENTS, "core_build_ab.py")
+    built = tmp_path / "built"
+    proc = subprocess.run([sys.executable, tool, "build", str(built)], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "ab.json"
+    proc = subprocess.run([sys.executable, tool, "compare",
+                           os.path.dirname(fusedopt._core.__file__), str(built), "--quick",
+                           "--rounds", "1", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    steps = {f"{rule}, {t}" for rule in ("adagrad", "lazy_adam") for t in ("1 thread", "2 threads")}
+    assert set(result["summary"]) == steps
+    for row in result["summary"].values():
+        assert len(row["a_ms"]) == len(row["b_ms"]) == 1
+        assert row["a_ms"][0] > 0 and row["b_ms"][0] > 0
