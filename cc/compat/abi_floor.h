@@ -5,8 +5,7 @@
 // versions that only new systems have. Where the old version of the same function is
 // still exported, the reference is pinned to it here; the rest are defined in
 // abi_floor.cc. tools/check_wheel.sh's auditwheel run is the test that nothing newer is left.
-#ifndef FUSEDOPT_CC_COMPAT_ABI_FLOOR_H_
-#define FUSEDOPT_CC_COMPAT_ABI_FLOOR_H_
+#pragma once
 
 #if defined(__x86_64__) && defined(__linux__)
 // pthread_once moved into libc in glibc 2.34; its 2.2.5 version is the same function.
@@ -17,5 +16,3 @@ __asm__(
     ".symver _ZNSt18condition_variable4waitERSt11unique_lockISt5mutexE,"
     "_ZNSt18condition_variable4waitERSt11unique_lockISt5mutexE@GLIBCXX_3.4.11");
 #endif
-
-#endif  // FUSEDOPT_CC_COMPAT_ABI_FLOOR_H_

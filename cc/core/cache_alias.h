@@ -15,8 +15,7 @@
 // aliases another buffer of the same update to a fresh one, once: values unchanged, the
 // copy paid once. FUSEDOPT_SEPARATE_BUFFERS=0 turns it off; `SeparationStats()` says what
 // was done (fusedopt.ops.buffer_separation_stats(), fusedopt.info).
-#ifndef FUSEDOPT_CC_CORE_CACHE_ALIAS_H_
-#define FUSEDOPT_CC_CORE_CACHE_ALIAS_H_
+#pragma once
 
 #include <atomic>
 #include <cstdint>
@@ -123,5 +122,3 @@ inline bool SeparationEnabled() { return detail::SeparationLedger::Get().enabled
 inline SeparationCounters SeparationStats() { return detail::SeparationLedger::Get().Counters(); }
 
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_CORE_CACHE_ALIAS_H_

@@ -4,8 +4,7 @@
 // positions ascending inside a group. The engine then sums each group's gradient
 // rows in that order and updates the row once, so results are deterministic and do
 // not depend on threading. All arithmetic is 64-bit.
-#ifndef FUSEDOPT_CC_CORE_COALESCE_H_
-#define FUSEDOPT_CC_CORE_COALESCE_H_
+#pragma once
 
 #include <algorithm>
 #include <cstdint>
@@ -128,5 +127,3 @@ inline Coalescer& ThreadCoalescer() {
 }
 
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_CORE_COALESCE_H_

@@ -5,8 +5,7 @@
 // the CPU has it. Results are bit-identical either way (no FMA, no reassociation: each lane
 // does the baseline's operations), so this is a speed choice only.
 // FUSEDOPT_CPU_ISA=baseline forces the baseline loop (comparisons, tests).
-#ifndef FUSEDOPT_CC_CORE_CPU_ISA_H_
-#define FUSEDOPT_CC_CORE_CPU_ISA_H_
+#pragma once
 
 #include <cstdlib>
 #include <cstring>
@@ -49,5 +48,3 @@ inline const char* VectorIsaName(VectorIsa isa) {
 }
 
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_CORE_CPU_ISA_H_

@@ -3,8 +3,7 @@
 // first). Rules supply only the per-element math (and, with per-row slots, the per-row
 // phase: rule.h); this file owns traversal, coalescing and threading. Callers validate shapes first (validate.h); the sparse
 // entry point validates indices itself before it writes anything.
-#ifndef FUSEDOPT_CC_CORE_ENGINE_H_
-#define FUSEDOPT_CC_CORE_ENGINE_H_
+#pragma once
 
 #include <algorithm>
 #include <array>
@@ -389,5 +388,3 @@ std::string ApplySparse(const ParamsFor<Rule, T>& p, T* var, S* const* slots, in
 }
 
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_CORE_ENGINE_H_

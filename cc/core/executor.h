@@ -5,8 +5,7 @@
 // that every index in [0, n) is visited exactly once, by disjoint [begin, end)
 // blocks, and it never depends on the order or the number of blocks for its
 // results (which is what makes the updates deterministic).
-#ifndef FUSEDOPT_CC_CORE_EXECUTOR_H_
-#define FUSEDOPT_CC_CORE_EXECUTOR_H_
+#pragma once
 
 #include <algorithm>
 #include <atomic>
@@ -163,5 +162,3 @@ class ThreadExecutor final : public Executor {
 };
 
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_CORE_EXECUTOR_H_

@@ -14,8 +14,7 @@
 // Advice never changes a value; failures (no THP, old kernel, not anonymous memory) are
 // ignored. FUSEDOPT_HUGE_PAGES=0 turns it off (=1 or unset: on); `HugePageStats()` says
 // what was done (fusedopt.info and the tests read it through _core).
-#ifndef FUSEDOPT_CC_CORE_HUGE_PAGES_H_
-#define FUSEDOPT_CC_CORE_HUGE_PAGES_H_
+#pragma once
 
 #include <algorithm>
 #include <atomic>
@@ -195,5 +194,3 @@ inline void AdviseHugePages(const void* data, int64_t bytes) {
 inline HugePageCounters HugePageStats() { return detail::HugePageAdvisor::Get().Counters(); }
 
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_CORE_HUGE_PAGES_H_

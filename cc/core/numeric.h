@@ -8,8 +8,7 @@
 // reinterpret their buffers without conversion. Conversions round to nearest even,
 // like Eigen and NumPy, so results agree bit for bit with a float32 computation
 // rounded by either library.
-#ifndef FUSEDOPT_CC_CORE_NUMERIC_H_
-#define FUSEDOPT_CC_CORE_NUMERIC_H_
+#pragma once
 
 #include <cmath>
 #include <cstdint>
@@ -199,5 +198,3 @@ FO_HOST_DEVICE C MaxPropagateNaN(C a, C b) {
 }
 
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_CORE_NUMERIC_H_

@@ -8,8 +8,7 @@
 // slices and adds in HLO; and it does not depend on threads, launch shapes or timing.
 // Lanes past D (D < 32) start at +0 and stay there: RowTerm values are squares here, and
 // x + 0 == x for every x but -0 (which a square never is).
-#ifndef FUSEDOPT_CC_CORE_ROW_SUM_H_
-#define FUSEDOPT_CC_CORE_ROW_SUM_H_
+#pragma once
 
 #include <cstdint>
 
@@ -43,5 +42,3 @@ FO_HOST_DEVICE C RowSum(const G* grad, int64_t n) {
 }
 
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_CORE_ROW_SUM_H_

@@ -2,8 +2,9 @@
 // module can drive any rule without knowing it.
 //
 // A rule is a struct with:
-//   kOpName     "LazyAdam"   -> ops FusedOpt>{,Resource}{,Sparse}ApplyLazyAdam
-//   kPyName     "lazy_adam"  -> Python-side name (fusedopt.ops.resource_apply_lazy_adam,
+//   kOpName     "LazyAdam"   -> ops FusedOpt>{,Resource}{,Sparse}ApplyLazyAdam; its
+//                               snake case, PyName<Rule>() "lazy_adam", is the Python-side
+//                               name (fusedopt.ops.resource_apply_lazy_adam,
 //                               python/fusedopt/rules/lazy_adam.py)
 //   kSlots      slots in op-input order (after var): name and layout, PerElement("m")
 //               (var's shape) or PerRow("accum") (one value per row of var: shape
@@ -24,10 +25,10 @@
 //   Update(p, var, slot, g, row)       which every element update of the row receives.
 // In UpdateRow only the per-row entries of slot[] are loaded; in Update the per-row
 // entries hold the row's new values (read-only: the engines store them once per row).
-#ifndef FUSEDOPT_CC_CORE_RULE_H_
-#define FUSEDOPT_CC_CORE_RULE_H_
+#pragma once
 
 #include <array>
+#include <string>
 
 #include "cc/core/numeric.h"
 
@@ -80,6 +81,28 @@ constexpr int Index(const std::array<Named, N>& list, const char* name) {
   return NameNotInList();
 }
 
+// "RMSProp" -> "rms_prop", "LazyAdam" -> "lazy_adam": a word starts at an upper-case
+// letter after a lower-case one, or at the last capital of an acronym.
+inline std::string SnakeCase(const char* camel) {
+  std::string out;
+  for (const char* c = camel; *c != '\0'; ++c) {
+    const auto upper = [](char x) { return x >= 'A' && x <= 'Z'; };
+    const auto lower = [](char x) { return x >= 'a' && x <= 'z'; };
+    const bool starts_word = c != camel && upper(*c) &&
+                             (lower(c[-1]) || (upper(c[-1]) && lower(c[1])));
+    if (starts_word) out += '_';
+    out += upper(*c) ? static_cast<char>(*c - 'A' + 'a') : *c;
+  }
+  return out;
+}
+
+// The rule's Python-side name, derived so that the op name is stated once.
+template <typename Rule>
+const std::string& PyName() {
+  static const std::string name = SnakeCase(Rule::kOpName);
+  return name;
+}
+
 template <typename Rule>
 constexpr int NumSlots() {
   return static_cast<int>(Rule::kSlots.size());
@@ -117,5 +140,3 @@ struct RowMeanOfSquares {
 };
 
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_CORE_RULE_H_

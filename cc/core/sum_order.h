@@ -11,8 +11,7 @@
 // row tens of thousands of duplicates per batch) is summed by many GPU threads in parallel
 // and in two short dependent chains, and the order is fixed by `count` alone: it never
 // depends on thread counts, launch shapes or timing.
-#ifndef FUSEDOPT_CC_CORE_SUM_ORDER_H_
-#define FUSEDOPT_CC_CORE_SUM_ORDER_H_
+#pragma once
 
 #include <cstdint>
 
@@ -39,5 +38,3 @@ FO_HOST_DEVICE int64_t DuplicateChunks(int64_t count) {
 }
 
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_CORE_SUM_ORDER_H_

@@ -1,7 +1,6 @@
 // Shape validation shared by the TF binding and the pybind11 module, so both reject
 // the same inputs with the same words. Everything here runs before any write.
-#ifndef FUSEDOPT_CC_CORE_VALIDATE_H_
-#define FUSEDOPT_CC_CORE_VALIDATE_H_
+#pragma once
 
 #include <cstdint>
 #include <string>
@@ -97,5 +96,3 @@ std::string ValidateSparse(const Shape& var, const Shape* slots, const Shape* hy
 }
 
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_CORE_VALIDATE_H_

@@ -12,8 +12,7 @@
 // arrays, write three) with no math: the roofline for that access pattern. With one
 // or two threads it reads higher than copy/triad, because a core's bandwidth is bounded
 // by the misses it keeps in flight, and more streams keep more in flight.
-#ifndef FUSEDOPT_CC_PYBIND_BANDWIDTH_H_
-#define FUSEDOPT_CC_PYBIND_BANDWIDTH_H_
+#pragma once
 
 #include <algorithm>
 #include <chrono>
@@ -131,5 +130,3 @@ inline double Measure(const std::string& kernel, int64_t n, int num_threads, int
 
 }  // namespace bandwidth
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_PYBIND_BANDWIDTH_H_

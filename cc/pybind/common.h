@@ -1,8 +1,7 @@
 // What both pybind11 modules share (fusedopt._core on NumPy arrays, fusedopt._core_cuda
 // on CUDA device arrays): hyper-parameter/option parsing, rule/dtype dispatch and the
 // rule table, so the two accept the same calls and reject them with the same words.
-#ifndef FUSEDOPT_CC_PYBIND_COMMON_H_
-#define FUSEDOPT_CC_PYBIND_COMMON_H_
+#pragma once
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -103,7 +102,7 @@ void Dispatch(const std::string& rule, const std::string& dtype, Fn&& fn) {
   bool found = false;
   AllRules::ForEach([&](auto rule_tag) {
     using Rule = decltype(rule_tag);
-    if (found || rule != Rule::kPyName) return;
+    if (found || rule != PyName<Rule>()) return;
     found = true;
     if (dtype == "float16") {
       fn.template operator()<Rule, half_t>();
@@ -178,7 +177,7 @@ inline py::dict Rules() {
     entry["slot_layouts"] = layouts;
     entry["hyper"] = hyper;
     entry["options"] = options;
-    out[Rule::kPyName] = entry;
+    out[py::str(PyName<Rule>())] = entry;
   });
   return out;
 }
@@ -191,5 +190,3 @@ inline void DefineModuleBasics(py::module_& m, const char* doc) {
 
 }  // namespace pycommon
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_PYBIND_COMMON_H_

@@ -75,7 +75,7 @@ State CheckState(const py::handle& var, const py::list& slots, const py::handle&
                  const std::string& slot_dtype) {
   constexpr int kSlots = NumSlots<Rule>();
   Require(static_cast<int>(slots.size()) == kSlots,
-          std::string(Rule::kPyName) + " needs " + std::to_string(kSlots) + " slot arrays");
+          PyName<Rule>() + " needs " + std::to_string(kSlots) + " slot arrays");
   State state;
   state.var = FromInterface(var, "var");
   state.grad = FromInterface(grad, "grad");
@@ -247,7 +247,7 @@ void ApplyDenseGroupPy(const std::string& rule, const py::sequence& vars,
   Dispatch(rule, PeekDtype(vars[0], dtype), [&]<typename Rule, typename T>() {
     constexpr int kSlots = NumSlots<Rule>();
     Require(static_cast<int>(slots.size()) == kSlots,
-            std::string(Rule::kPyName) + " needs " + std::to_string(kSlots) +
+            PyName<Rule>() + " needs " + std::to_string(kSlots) +
                 " slot lists (one per slot, each with an entry per variable)");
     std::vector<py::sequence> slot_lists;
     for (int k = 0; k < kSlots; ++k) {

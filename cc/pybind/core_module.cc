@@ -74,7 +74,7 @@ State CheckState(const py::array& var, const py::sequence& slots, const py::arra
                  const py::array* indices) {
   constexpr int kSlots = NumSlots<Rule>();
   Require(static_cast<int>(slots.size()) == kSlots,
-          std::string(Rule::kPyName) + " needs " + std::to_string(kSlots) + " slot arrays");
+          PyName<Rule>() + " needs " + std::to_string(kSlots) + " slot arrays");
   State state{var, {}, {}};
   std::vector<Shape> slot_shapes;
   for (int k = 0; k < kSlots; ++k) {

@@ -1,8 +1,7 @@
 // fusedopt._core_cuda's view of the caller's device arrays: __cuda_array_interface__ (or
 // its dict) read into a DeviceArray, the dtype it holds, and the device that owns it
 // (DeviceScope runs a call there and restores the caller's device).
-#ifndef FUSEDOPT_CC_PYBIND_CUDA_ARRAYS_H_
-#define FUSEDOPT_CC_PYBIND_CUDA_ARRAYS_H_
+#pragma once
 
 #include <cuda_runtime.h>
 #include <pybind11/pybind11.h>
@@ -132,5 +131,3 @@ class DeviceScope {
 
 }  // namespace cuda_module
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_PYBIND_CUDA_ARRAYS_H_

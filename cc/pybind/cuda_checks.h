@@ -1,8 +1,7 @@
 // fusedopt._core_cuda's asynchronous index checks (page-locked records the device copies
 // verdicts into, PendingCheck for a call still running), its stream-ordered scratch memory,
 // and the engine's Status as a Python exception.
-#ifndef FUSEDOPT_CC_PYBIND_CUDA_CHECKS_H_
-#define FUSEDOPT_CC_PYBIND_CUDA_CHECKS_H_
+#pragma once
 
 #include <cuda_runtime.h>
 #include <pybind11/pybind11.h>
@@ -147,5 +146,3 @@ inline void Check(const gpu::Status& s) {
 
 }  // namespace cuda_module
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_PYBIND_CUDA_CHECKS_H_

@@ -11,8 +11,7 @@
 // The tables are the probe's own ([num_rows, row_size] float32 each), on 2 MB pages where
 // the kernel grants them (MADV_HUGEPAGE, then MADV_COLLAPSE), and touched before timing.
 // No check beyond what the probe needs to stay in bounds: it is a measuring stick.
-#ifndef FUSEDOPT_CC_PYBIND_SPARSE_FLOOR_H_
-#define FUSEDOPT_CC_PYBIND_SPARSE_FLOOR_H_
+#pragma once
 
 #include <sys/mman.h>
 
@@ -212,5 +211,3 @@ inline Result Measure(const std::vector<Batch>& batches, int64_t num_rows, int64
 
 }  // namespace sparse_floor
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_PYBIND_SPARSE_FLOOR_H_

@@ -3,8 +3,7 @@
 // resource variables, locking (use_locking), copy-on-write/read, dtype and shape
 // validation; then it hands raw buffers to DeviceEngine<Device> (device_engine.h).
 // Everything that can reject the call runs before the first write.
-#ifndef FUSEDOPT_CC_TF_APPLY_KERNEL_H_
-#define FUSEDOPT_CC_TF_APPLY_KERNEL_H_
+#pragma once
 
 #include <algorithm>
 #include <array>
@@ -293,5 +292,3 @@ struct KernelFor {
 
 }  // namespace tf
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_TF_APPLY_KERNEL_H_

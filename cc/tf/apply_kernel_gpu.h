@@ -1,7 +1,6 @@
 // FUSEDOPT_CUDA builds: the asynchronous kernel of the sparse ops on DEVICE_GPU, and
 // which kernel class each GPU op gets (kernels.h registers them).
-#ifndef FUSEDOPT_CC_TF_APPLY_KERNEL_GPU_H_
-#define FUSEDOPT_CC_TF_APPLY_KERNEL_GPU_H_
+#pragma once
 
 #include <cstdint>
 #include <type_traits>
@@ -71,5 +70,3 @@ struct KernelFor<GpuDeviceTag, T, Rule, kVariant, Index> {
 
 }  // namespace tf
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_TF_APPLY_KERNEL_GPU_H_

@@ -1,7 +1,6 @@
 // TF's intra-op CPU thread pool as a core Executor, for the CPU kernels and their
 // variable copies (variable_access.h).
-#ifndef FUSEDOPT_CC_TF_CPU_EXECUTOR_H_
-#define FUSEDOPT_CC_TF_CPU_EXECUTOR_H_
+#pragma once
 
 #include <cstdint>
 #include <functional>
@@ -46,5 +45,3 @@ class TfCpuExecutor final : public Executor {
 
 }  // namespace tf
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_TF_CPU_EXECUTOR_H_

@@ -2,8 +2,7 @@
 // (apply_kernel.h, group_kernel.h) validate, lock and fetch buffers for any Device, then
 // hand them to DeviceEngine<Device>. This file: the CPU engine on TF's thread pool.
 // device_engine_gpu.h: the CUDA engine on the op's stream (FUSEDOPT_CUDA builds).
-#ifndef FUSEDOPT_CC_TF_DEVICE_ENGINE_H_
-#define FUSEDOPT_CC_TF_DEVICE_ENGINE_H_
+#pragma once
 
 // Eigen::ThreadPoolDevice (CPUDevice, the CPU kernels' Device tag) in full.
 #ifndef EIGEN_USE_THREADS
@@ -71,5 +70,3 @@ struct DeviceEngine<CPUDevice> {
 
 }  // namespace tf
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_TF_DEVICE_ENGINE_H_

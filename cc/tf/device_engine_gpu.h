@@ -1,8 +1,7 @@
 // DeviceEngine<GpuDeviceTag>: the CUDA engine (cc/core/gpu) on the op's stream, for the
 // kernels registered on DEVICE_GPU in FUSEDOPT_CUDA builds (see device_engine.h).
 // Hyper-parameters arrive in host memory; nothing here waits for the device.
-#ifndef FUSEDOPT_CC_TF_DEVICE_ENGINE_GPU_H_
-#define FUSEDOPT_CC_TF_DEVICE_ENGINE_GPU_H_
+#pragma once
 
 #include <cstdint>
 
@@ -60,5 +59,3 @@ struct DeviceEngine<GpuDeviceTag> {
 
 }  // namespace tf
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_TF_DEVICE_ENGINE_GPU_H_

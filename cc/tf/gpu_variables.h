@@ -3,8 +3,7 @@
 // functor::DenseUpdate<GPUDevice, T>, exists only in TF's CUDA builds: a library that
 // instantiated it would fail to load in tensorflow-cpu. This one is cudaMemcpyAsync on the
 // op's stream (the core's CopyDeviceToDevice), so the CUDA-built library loads everywhere.
-#ifndef FUSEDOPT_CC_TF_GPU_VARIABLES_H_
-#define FUSEDOPT_CC_TF_GPU_VARIABLES_H_
+#pragma once
 
 #include <vector>
 
@@ -95,5 +94,3 @@ struct VariableCopy<GpuDeviceTag> {
 
 }  // namespace tf
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_TF_GPU_VARIABLES_H_

@@ -1,7 +1,6 @@
 // The op kernel of the group ops, FusedOpt>ResourceGroupApply<Rule> and
 // FusedOpt>ResourcePackedGroupApply<Rule>, for any Device (the engine: device_engine.h).
-#ifndef FUSEDOPT_CC_TF_GROUP_KERNEL_H_
-#define FUSEDOPT_CC_TF_GROUP_KERNEL_H_
+#pragma once
 
 #include <array>
 #include <cstdint>
@@ -237,5 +236,3 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
 
 }  // namespace tf
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_TF_GROUP_KERNEL_H_

@@ -1,7 +1,6 @@
 // What every fusedopt kernel needs beside the engine: a variable's state, many
 // variables' locks, the refusals worded once, raw buffers of a tensor.
-#ifndef FUSEDOPT_CC_TF_KERNEL_COMMON_H_
-#define FUSEDOPT_CC_TF_KERNEL_COMMON_H_
+#pragma once
 
 #include <cstdint>
 #include <string>
@@ -76,5 +75,3 @@ const Storage* DataOf(const ::tensorflow::Tensor& t) {
 
 }  // namespace tf
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_TF_KERNEL_COMMON_H_

@@ -3,8 +3,7 @@
 // (the four single-variable ops), group_kernel.h (the group ops), apply_kernel_gpu.h (the
 // asynchronous sparse GPU ops, FUSEDOPT_CUDA builds, whose GPU kernels use gpu_variables.h:
 // no TF GPU functors, so the library still loads in tensorflow-cpu).
-#ifndef FUSEDOPT_CC_TF_KERNELS_H_
-#define FUSEDOPT_CC_TF_KERNELS_H_
+#pragma once
 
 // Eigen::ThreadPoolDevice (CPUDevice, the CPU kernels' Device tag) in full.
 #ifndef EIGEN_USE_THREADS
@@ -113,5 +112,3 @@ bool RegisterOptimizer() {
 // One line per optimizer, in its own translation unit (compile time and memory).
 #define FUSEDOPT_REGISTER_OPTIMIZER(Rule) \
   static const bool fusedopt_registered_##Rule = ::fusedopt::tf::RegisterOptimizer<::fusedopt::Rule>()
-
-#endif  // FUSEDOPT_CC_TF_KERNELS_H_

@@ -9,8 +9,7 @@
 // The shape functions run the same validation as the kernels whenever the shapes
 // are fully known (same message, at graph-construction time); otherwise they merge
 // what is known, like TF's own training ops.
-#ifndef FUSEDOPT_CC_TF_OP_DEFS_H_
-#define FUSEDOPT_CC_TF_OP_DEFS_H_
+#pragma once
 
 #include <string>
 #include <vector>
@@ -321,5 +320,3 @@ void RegisterGroupOpDef(bool packed) {
 
 }  // namespace tf
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_TF_OP_DEFS_H_

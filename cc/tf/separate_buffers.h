@@ -2,8 +2,7 @@
 // of the same update (cc/core/cache_alias.h) to fresh memory, once: the values are copied
 // unchanged, the variable then holds the new buffer, as after TF's own copy-on-write.
 // CPU resource variables only (a ref variable's buffer belongs to its graph node).
-#ifndef FUSEDOPT_CC_TF_SEPARATE_BUFFERS_H_
-#define FUSEDOPT_CC_TF_SEPARATE_BUFFERS_H_
+#pragma once
 
 #include <cstring>
 #include <vector>
@@ -113,5 +112,3 @@ inline void SeparateAliasedBuffers(::tensorflow::OpKernelContext* ctx,
 
 }  // namespace tf
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_TF_SEPARATE_BUFFERS_H_

@@ -1,8 +1,7 @@
 // The element types the ops take, in one list, and the TF -> core type and shape mapping.
 // The op definitions, the kernel registrations (CPU, GPU, XLA) and fusedopt's Python
 // front ends (which read the op definition) all follow StorageTypes.
-#ifndef FUSEDOPT_CC_TF_TF_TYPES_H_
-#define FUSEDOPT_CC_TF_TF_TYPES_H_
+#pragma once
 
 #include <cstdint>
 #include <string>
@@ -127,5 +126,3 @@ absl::Status ForSlotStorage(::tensorflow::DataType slot, F&& f) {
 
 }  // namespace tf
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_TF_TF_TYPES_H_

@@ -8,8 +8,7 @@
 //  - on the GPU its symbols exist only in TF's CUDA builds (gpu_variables.h).
 // A device's copy is VariableCopy<Device>::Run: the CPU's below, the GPU's in
 // gpu_variables.h.
-#ifndef FUSEDOPT_CC_TF_VARIABLE_ACCESS_H_
-#define FUSEDOPT_CC_TF_VARIABLE_ACCESS_H_
+#pragma once
 
 #include <algorithm>
 #include <cstdint>
@@ -180,5 +179,3 @@ inline absl::Status RequireElementAligned(const std::string& name, const ::tenso
 }  // namespace fusedopt
 
 #pragma GCC diagnostic pop
-
-#endif  // FUSEDOPT_CC_TF_VARIABLE_ACCESS_H_

@@ -10,8 +10,7 @@
 // variable; the handle it returns owns the pack (ref-counting handle: the pack, and
 // with it the members' Vars, live while a handle does). The members keep their own
 // locks: the packed group op locks each one exactly as the list op does.
-#ifndef FUSEDOPT_CC_TF_VARIABLE_PACK_H_
-#define FUSEDOPT_CC_TF_VARIABLE_PACK_H_
+#pragma once
 
 #include <algorithm>
 #include <cstdint>
@@ -74,5 +73,3 @@ class VariablePack : public ::tensorflow::ResourceBase {
 
 }  // namespace tf
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_TF_VARIABLE_PACK_H_

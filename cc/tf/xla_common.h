@@ -1,8 +1,7 @@
 // The XLA kernels' shared part (xla_kernels.cc is their one translation unit: XLA's
 // headers are slow to compile): XLA's headers, the custom-call targets, input shapes and
 // the compile-time check of distinct variables, used by both lowerings.
-#ifndef FUSEDOPT_CC_TF_XLA_COMMON_H_
-#define FUSEDOPT_CC_TF_XLA_COMMON_H_
+#pragma once
 
 #include <algorithm>
 #include <array>
@@ -58,11 +57,11 @@ inline xla::PrimitiveType ComputeTypeOf(xla::PrimitiveType storage) {
   return storage == xla::F64 ? xla::F64 : xla::F32;  // half/bfloat16 compute in float32
 }
 
-inline std::string CustomCallTarget(const char* rule, bool sparse) {
+inline std::string CustomCallTarget(const std::string& rule, bool sparse) {
   return std::string("fusedopt_") + rule + (sparse ? "_sparse" : "_dense");
 }
 
-inline std::string GroupCustomCallTarget(const char* rule) {
+inline std::string GroupCustomCallTarget(const std::string& rule) {
   return std::string("fusedopt_") + rule + "_group";
 }
 
@@ -158,5 +157,3 @@ absl::Status CheckDistinctVariables(tfw::XlaOpKernelContext* ctx, int64_t count,
 }  // namespace xla_impl
 }  // namespace tf
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_TF_XLA_COMMON_H_

@@ -1,7 +1,6 @@
 // The custom call's handler (XLA:CPU, TF >= 2.16): the CPU engine on XLA's buffers, on
 // XLA's intra-op thread pool. Empty without the typed FFI.
-#ifndef FUSEDOPT_CC_TF_XLA_FFI_HANDLER_H_
-#define FUSEDOPT_CC_TF_XLA_FFI_HANDLER_H_
+#pragma once
 
 #include "cc/tf/xla_common.h"
 
@@ -262,5 +261,3 @@ struct FfiGroupCall {
 }  // namespace xla_impl
 }  // namespace tf
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_TF_XLA_FFI_HANDLER_H_

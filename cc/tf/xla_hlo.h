@@ -1,8 +1,7 @@
 // The HLO lowering of a rule (XLA:GPU; TF 2.15; FUSEDOPT_XLA_LOWERING=hlo): the rule's own
 // Prepare()/Update() on XlaValue (xla_value.h), and the row gather/scatter, scans and chunk
 // lengths of the sparse form.
-#ifndef FUSEDOPT_CC_TF_XLA_HLO_H_
-#define FUSEDOPT_CC_TF_XLA_HLO_H_
+#pragma once
 
 #include "cc/tf/xla_common.h"
 
@@ -263,5 +262,3 @@ HloState<Rule> HloUpdate(const typename Rule::template Params<XlaValue>& params,
 }  // namespace xla_impl
 }  // namespace tf
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_TF_XLA_HLO_H_

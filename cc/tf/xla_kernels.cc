@@ -69,7 +69,7 @@ void RegisterXlaKernel() {
   new tfw::XlaOpRegistrar(builder.Build(&MakeKernel<FusedApplyXlaOp<Rule, kSparse>>));
   Registrations().push_back({op, kSparse, &MakeKernel<FusedApplyXlaOp<Rule, kSparse>>});
 #ifdef FUSEDOPT_XLA_FFI
-  static const std::string target = CustomCallTarget(Rule::kPyName, kSparse);
+  static const std::string target = CustomCallTarget(PyName<Rule>(), kSparse);
   XLA_FFI_Error* error = ffi::Ffi::RegisterStaticHandler(ffi::GetXlaFfiApi(), target, "Host",
                                                          &FfiEntry<FfiCall<Rule, kSparse>>);
   (void)error;  // only a duplicate registration fails, and then the first one serves
@@ -102,7 +102,7 @@ void RegisterGroupXlaKernel() {
   new tfw::XlaOpRegistrar(builder.Build(&MakeKernel<FusedGroupApplyXlaOp<Rule>>));
   Registrations().push_back({op, false, &MakeKernel<FusedGroupApplyXlaOp<Rule>>});
 #ifdef FUSEDOPT_XLA_FFI
-  static const std::string target = GroupCustomCallTarget(Rule::kPyName);
+  static const std::string target = GroupCustomCallTarget(PyName<Rule>());
   XLA_FFI_Error* error = ffi::Ffi::RegisterStaticHandler(ffi::GetXlaFfiApi(), target, "Host",
                                                          &FfiEntry<FfiGroupCall<Rule>>);
   (void)error;  // only a duplicate registration fails, and then the first one serves

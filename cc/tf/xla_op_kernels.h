@@ -1,7 +1,6 @@
 // The XLA op kernels of the resource ops and the group op: validation at compile time,
 // then the custom call (XLA:CPU with the typed FFI) or the HLO lowering (xla_hlo.h).
-#ifndef FUSEDOPT_CC_TF_XLA_OP_KERNELS_H_
-#define FUSEDOPT_CC_TF_XLA_OP_KERNELS_H_
+#pragma once
 
 #include "cc/tf/xla_hlo.h"
 
@@ -216,7 +215,7 @@ class FusedApplyXlaOp : public tfw::XlaOpKernel {
       aliasing.push_back({xla::ShapeIndex{i}, {i, xla::ShapeIndex{}}});
     }
     const xla::XlaOp call = xla::CustomCall(
-        b, CustomCallTarget(Rule::kPyName, kSparse), operands, xla::ShapeUtil::MakeTupleShape(shapes),
+        b, CustomCallTarget(PyName<Rule>(), kSparse), operands, xla::ShapeUtil::MakeTupleShape(shapes),
         /*opaque=*/"", /*has_side_effect=*/true, aliasing, /*literal=*/nullptr,
         xla::CustomCallSchedule::SCHEDULE_NONE, xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);
     for (int i = 0; i <= kSlots; ++i) (*updated)[i] = xla::GetTupleElement(call, i);
@@ -307,7 +306,7 @@ class FusedGroupApplyXlaOp : public tfw::XlaOpKernel {
         aliasing.push_back({xla::ShapeIndex{j}, {j, xla::ShapeIndex{}}});
       }
       const xla::XlaOp call = xla::CustomCall(
-          b, GroupCustomCallTarget(Rule::kPyName), operands,
+          b, GroupCustomCallTarget(PyName<Rule>()), operands,
           xla::ShapeUtil::MakeTupleShape(out_shapes), /*opaque=*/"", /*has_side_effect=*/true,
           aliasing, /*literal=*/nullptr, xla::CustomCallSchedule::SCHEDULE_NONE,
           xla::CustomCallApiVersion::API_VERSION_TYPED_FFI);
@@ -353,5 +352,3 @@ class FusedGroupApplyXlaOp : public tfw::XlaOpKernel {
 }  // namespace xla_impl
 }  // namespace tf
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_TF_XLA_OP_KERNELS_H_

@@ -9,8 +9,7 @@
 // round as the engines' do: x / Sqrt(y) (which it makes x * rsqrt(y), two roundings) as
 // -(x / -Sqrt(y)), the same IEEE quotient; x / literal (which it makes x times the
 // literal's reciprocal) with the literal behind an optimization barrier.
-#ifndef FUSEDOPT_CC_TF_XLA_VALUE_H_
-#define FUSEDOPT_CC_TF_XLA_VALUE_H_
+#pragma once
 
 #include <type_traits>
 
@@ -103,5 +102,3 @@ inline XlaValue MaxPropagateNaN(const XlaValue& a, const XlaValue& b) {
 
 }  // namespace tf
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_TF_XLA_VALUE_H_

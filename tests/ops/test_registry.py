@@ -7,6 +7,7 @@ options). A rule that ships without any of these fails here by name."""
 import importlib
 import os
 import pkgutil
+import re
 
 import pytest
 
@@ -25,6 +26,15 @@ def test_every_layer_knows_the_same_rules():
     assert rules.names() == list(RULES)
     assert python_modules == set(RULES), "fusedopt/rules/<rule>.py for every C++ rule"
     assert set(npref.ORACLES) == set(RULES), "tests/support/numpy_rules/<rule>.py for every rule"
+
+
+def test_python_names_are_the_op_names_in_snake_case():
+    # The C++ rule states only its op name; the Python name is derived from it (PyName<Rule>).
+    def snake(op_name):
+        return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", op_name).lower()
+    assert {name: snake(spec["op_name"]) for name, spec in RULES.items()} == \
+        {name: name for name in RULES}
+    assert RULES["rms_prop"]["op_name"] == "RMSProp"  # an acronym: one word, not r_m_s
 
 
 @pytest.mark.parametrize("rule", list(RULES))

@@ -24,8 +24,7 @@
 // host memory the caller provides (IndexCheck), to be read once the stream has passed the
 // call (an event, a stream callback or a synchronisation). Buffers must stay valid until
 // the enqueued work completes.
-#ifndef FUSEDOPT_CC_CORE_GPU_ENGINE_GPU_H_
-#define FUSEDOPT_CC_CORE_GPU_ENGINE_GPU_H_
+#pragma once
 
 #include <cstddef>
 #include <cstdint>
@@ -117,5 +116,3 @@ Status DeviceCount(int* count);
 
 }  // namespace gpu
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_CORE_GPU_ENGINE_GPU_H_

@@ -6,8 +6,7 @@
 //
 // Compiled with --fmad=false (no multiply-add contraction) and CUDA's default IEEE
 // sqrt/division, so float and double results equal the CPU engine's bit for bit.
-#ifndef FUSEDOPT_CC_CORE_GPU_ENGINE_GPU_KERNELS_CUH_
-#define FUSEDOPT_CC_CORE_GPU_ENGINE_GPU_KERNELS_CUH_
+#pragma once
 
 #include "cc/core/gpu/gpu_common.cuh"
 #include "cc/core/rules/all_rules.h"
@@ -571,5 +570,3 @@ struct InstantiateAll<List, Pair<T, S>...> {
 }  // namespace instantiation
 }  // namespace gpu
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_CORE_GPU_ENGINE_GPU_KERNELS_CUH_

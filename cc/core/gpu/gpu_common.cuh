@@ -2,8 +2,7 @@
 // the device-side index check, and the interface between index coalescing
 // (coalesce_gpu.cu.cc, rule-independent, holds all CUB code) and the per-rule kernels
 // (engine_gpu_kernels.cuh).
-#ifndef FUSEDOPT_CC_CORE_GPU_GPU_COMMON_CUH_
-#define FUSEDOPT_CC_CORE_GPU_GPU_COMMON_CUH_
+#pragma once
 
 #include <cuda_runtime.h>
 
@@ -90,5 +89,3 @@ Status CheckAndCoalesce(const Index* indices, int64_t n, int64_t num_rows, bool 
 }  // namespace detail
 }  // namespace gpu
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_CORE_GPU_GPU_COMMON_CUH_

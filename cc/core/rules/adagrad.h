@@ -3,8 +3,7 @@
 //   ApplyAdagradV2 / tf_keras      var -= lr*g/(sqrt(acc)+eps)    (default)
 //   Keras >= 2.11, Keras 3         var -= lr*g/sqrt(acc+eps)      (epsilon_inside_sqrt)
 // update_slots=false leaves the accumulator as is (TF's attribute of that name).
-#ifndef FUSEDOPT_CC_CORE_RULES_ADAGRAD_H_
-#define FUSEDOPT_CC_CORE_RULES_ADAGRAD_H_
+#pragma once
 
 #include "cc/core/rule.h"
 
@@ -12,7 +11,6 @@ namespace fusedopt {
 
 struct AdagradRule {
   static constexpr const char* kOpName = "Adagrad";
-  static constexpr const char* kPyName = "adagrad";
   static constexpr std::array<SlotDecl, 1> kSlots = {PerElement("accum")};
   static constexpr std::array<const char*, 2> kHyper = {"lr", "epsilon"};
   static constexpr std::array<RuleOption, 2> kOptions = {
@@ -43,5 +41,3 @@ struct AdagradRule {
 };
 
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_CORE_RULES_ADAGRAD_H_

@@ -1,7 +1,6 @@
 // Adamax (TF ApplyAdaMax / Keras Adamax): Adam with an infinity-norm second moment.
 // TF has no sparse Adamax kernel; ours is lazy (only touched rows change).
-#ifndef FUSEDOPT_CC_CORE_RULES_ADAMAX_H_
-#define FUSEDOPT_CC_CORE_RULES_ADAMAX_H_
+#pragma once
 
 #include "cc/core/rule.h"
 #include "cc/core/rules/lazy_adam.h"
@@ -10,7 +9,6 @@ namespace fusedopt {
 
 struct AdamaxRule {
   static constexpr const char* kOpName = "Adamax";
-  static constexpr const char* kPyName = "adamax";
   static constexpr auto kSlots = LazyAdamRule::kSlots;  // Adam's two moments, m and v
   static constexpr std::array<const char*, 5> kHyper = {"beta1_power", "lr", "beta1", "beta2",
                                                         "epsilon"};
@@ -33,8 +31,7 @@ struct AdamaxRule {
   template <typename C>
   FO_HOST_DEVICE static void Update(const Params<C>& p, C& var, C* slot, C g) {
     constexpr int m_slot = Index(kSlots, "m"), v_slot = Index(kSlots, "v");
-    C& m = slot[m_slot];
-    C& v = slot[v_slot];
+    C &m = slot[m_slot], &v = slot[v_slot];
     m += (g - m) * p.one_minus_beta1;
     v = MaxPropagateNaN(p.beta2 * v, Abs(g));
     var -= p.step_size * (m / (v + p.epsilon));
@@ -42,5 +39,3 @@ struct AdamaxRule {
 };
 
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_CORE_RULES_ADAMAX_H_

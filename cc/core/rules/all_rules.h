@@ -1,7 +1,6 @@
 // The registry of rules. Adding an optimizer: write rules/<name>.h, list it here,
 // add a one-line cc/tf/<name>.cc registration and its Python class.
-#ifndef FUSEDOPT_CC_CORE_RULES_ALL_RULES_H_
-#define FUSEDOPT_CC_CORE_RULES_ALL_RULES_H_
+#pragma once
 
 #include "cc/core/rules/adagrad.h"
 #include "cc/core/rules/lazy_adam.h"
@@ -25,5 +24,3 @@ using AllRules = RuleList<LazyAdamRule, AdamaxRule, AdagradRule, RmsPropRule, Ro
                           PartialRowWiseAdamRule>;
 
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_CORE_RULES_ALL_RULES_H_

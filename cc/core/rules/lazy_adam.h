@@ -1,8 +1,7 @@
 // Adam's update (TF ApplyAdam / Keras Adam). Its ops and Python name say LazyAdam: the
 // sparse engine applies it lazily (only touched rows of var, m and v change), as every
 // rule; the math is plain Adam.
-#ifndef FUSEDOPT_CC_CORE_RULES_LAZY_ADAM_H_
-#define FUSEDOPT_CC_CORE_RULES_LAZY_ADAM_H_
+#pragma once
 
 #include "cc/core/rule.h"
 
@@ -10,7 +9,6 @@ namespace fusedopt {
 
 struct LazyAdamRule {
   static constexpr const char* kOpName = "LazyAdam";
-  static constexpr const char* kPyName = "lazy_adam";
   static constexpr std::array<SlotDecl, 2> kSlots = {PerElement("m"), PerElement("v")};
   static constexpr std::array<const char*, 6> kHyper = {
       "beta1_power", "beta2_power", "lr", "beta1", "beta2", "epsilon"};
@@ -37,8 +35,7 @@ struct LazyAdamRule {
   template <typename C>
   FO_HOST_DEVICE static void Update(const Params<C>& p, C& var, C* slot, C g) {
     constexpr int m_slot = Index(kSlots, "m"), v_slot = Index(kSlots, "v");
-    C& m = slot[m_slot];
-    C& v = slot[v_slot];
+    C &m = slot[m_slot], &v = slot[v_slot];
     m += (g - m) * p.one_minus_beta1;
     v += (g * g - v) * p.one_minus_beta2;
     const C direction = p.use_nesterov ? g * p.one_minus_beta1 + p.beta1 * m : m;
@@ -47,5 +44,3 @@ struct LazyAdamRule {
 };
 
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_CORE_RULES_LAZY_ADAM_H_

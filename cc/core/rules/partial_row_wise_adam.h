@@ -7,8 +7,7 @@
 // FBGEMM's bias correction and epsilon placement (eps added to the corrected sqrt(v)),
 // the row's multiplier computed once. FBGEMM has it on GPU only; no TF, Keras or
 // tensorflow-addons class has it. Hyper-parameters are Adam's (LazyAdamRule's list).
-#ifndef FUSEDOPT_CC_CORE_RULES_PARTIAL_ROW_WISE_ADAM_H_
-#define FUSEDOPT_CC_CORE_RULES_PARTIAL_ROW_WISE_ADAM_H_
+#pragma once
 
 #include "cc/core/rule.h"
 #include "cc/core/rules/lazy_adam.h"
@@ -17,7 +16,6 @@ namespace fusedopt {
 
 struct PartialRowWiseAdamRule : RowMeanOfSquares {  // RowTerm(g) = g*g
   static constexpr const char* kOpName = "PartialRowWiseAdam";
-  static constexpr const char* kPyName = "partial_row_wise_adam";
   static constexpr std::array<SlotDecl, 2> kSlots = {PerElement("m"), PerRow("v")};
   static constexpr auto kHyper = LazyAdamRule::kHyper;  // Adam's six
   static constexpr std::array<RuleOption, 0> kOptions = {};
@@ -57,5 +55,3 @@ struct PartialRowWiseAdamRule : RowMeanOfSquares {  // RowTerm(g) = g*g
 };
 
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_CORE_RULES_PARTIAL_ROW_WISE_ADAM_H_

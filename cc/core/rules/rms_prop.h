@@ -5,8 +5,7 @@
 // Not a `centered` option: that adds a slot (mg), and every engine (vector loads, GPU
 // kernel parameters, register arrays) is built on a compile-time slot count; the centered
 // form would be a rule of its own, as TF has ApplyCenteredRMSProp beside ApplyRMSProp.
-#ifndef FUSEDOPT_CC_CORE_RULES_RMS_PROP_H_
-#define FUSEDOPT_CC_CORE_RULES_RMS_PROP_H_
+#pragma once
 
 #include "cc/core/rule.h"
 
@@ -14,7 +13,6 @@ namespace fusedopt {
 
 struct RmsPropRule {
   static constexpr const char* kOpName = "RMSProp";
-  static constexpr const char* kPyName = "rms_prop";
   static constexpr std::array<SlotDecl, 2> kSlots = {PerElement("ms"), PerElement("mom")};
   static constexpr std::array<const char*, 4> kHyper = {"lr", "rho", "momentum", "epsilon"};
   static constexpr std::array<RuleOption, 0> kOptions = {};
@@ -34,8 +32,7 @@ struct RmsPropRule {
   template <typename C>
   FO_HOST_DEVICE static void Update(const Params<C>& p, C& var, C* slot, C g) {
     constexpr int ms_slot = Index(kSlots, "ms"), mom_slot = Index(kSlots, "mom");
-    C& ms = slot[ms_slot];
-    C& mom = slot[mom_slot];
+    C &ms = slot[ms_slot], &mom = slot[mom_slot];
     ms += (g * g - ms) * p.one_minus_rho;
     mom = mom * p.momentum + (g * p.lr) / Sqrt(ms + p.epsilon);
     var -= mom;
@@ -43,5 +40,3 @@ struct RmsPropRule {
 };
 
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_CORE_RULES_RMS_PROP_H_

@@ -4,8 +4,7 @@
 //   var[r]   -= (lr / (sqrt(accum[r]) + eps)) * g[r]
 // (FBGEMM's order of operations: the row's multiplier first, then one product per
 // element). No TF, Keras or tensorflow-addons class has it.
-#ifndef FUSEDOPT_CC_CORE_RULES_ROW_WISE_ADAGRAD_H_
-#define FUSEDOPT_CC_CORE_RULES_ROW_WISE_ADAGRAD_H_
+#pragma once
 
 #include "cc/core/rule.h"
 #include "cc/core/rules/adagrad.h"
@@ -14,7 +13,6 @@ namespace fusedopt {
 
 struct RowWiseAdagradRule : RowMeanOfSquares {  // RowTerm(g) = g*g
   static constexpr const char* kOpName = "RowWiseAdagrad";
-  static constexpr const char* kPyName = "row_wise_adagrad";
   static constexpr std::array<SlotDecl, 1> kSlots = {PerRow("accum")};
   static constexpr auto kHyper = AdagradRule::kHyper;  // Adagrad's lr and epsilon
   static constexpr std::array<RuleOption, 0> kOptions = {};
@@ -46,5 +44,3 @@ struct RowWiseAdagradRule : RowMeanOfSquares {  // RowTerm(g) = g*g
 };
 
 }  // namespace fusedopt
-
-#endif  // FUSEDOPT_CC_CORE_RULES_ROW_WISE_ADAGRAD_H_
