@@ -66,6 +66,7 @@ TF_SRCS = [
     "cc/tf/adamax.cc",
     "cc/tf/adagrad.cc",
     "cc/tf/rms_prop.cc",
+    "cc/tf/centered_rms_prop.cc",
     "cc/tf/row_wise_adagrad.cc",
     "cc/tf/partial_row_wise_adam.cc",
     "cc/tf/runtime_info.cc",

@@ -21,16 +21,29 @@
 
 namespace fusedopt {
 
+// A call's parameters: the rule's own, prepared once from the hyper-parameters
+// (Rule::Prepare), and the salt stochastic rounding adds to every element's this call
+// (CallSalt of the op's rounding seed: numeric.h). Rules see their Params (the base).
 template <typename Rule, typename T>
-using ParamsFor = typename Rule::template Params<ComputeType<T>>;
+struct CallParams : Rule::template Params<ComputeType<T>> {
+  uint32_t rounding_salt = 0;
+};
+template <typename Rule, typename T>
+using ParamsFor = CallParams<Rule, T>;
 
-// Rule::Prepare from hyper-parameters still in storage type T.
+// Rule::Prepare from hyper-parameters still in storage type T; `rounding_seed`: the call's
+// seed of stochastic rounding (unused by rounding to nearest).
 template <typename Rule, typename T>
-ParamsFor<Rule, T> PrepareParams(const T* const* hyper, const bool* options) {
+ParamsFor<Rule, T> PrepareParams(const T* const* hyper, const bool* options,
+                                 uint64_t rounding_seed = 0) {
   using C = ComputeType<T>;
   std::array<C, Rule::kHyper.size()> values{};
   for (int i = 0; i < NumHyper<Rule>(); ++i) values[i] = Load(*hyper[i]);
-  return Rule::template Prepare<C>(values.data(), options);
+  ParamsFor<Rule, T> params;
+  static_cast<typename Rule::template Params<C>&>(params) =
+      Rule::template Prepare<C>(values.data(), options);
+  params.rounding_salt = CallSalt(rounding_seed);
+  return params;
 }
 
 namespace detail {
@@ -39,7 +52,8 @@ namespace detail {
 // per-element slots[k] the same, a per-row slots[k] the row's one value. The row phase
 // first (its sum in row_sum.h's order), then every element with the row's values.
 // Slots are stored as S (T, or 16-bit for a float32 var: numeric.h), rounded to nearest
-// or, kStochastic, stochastically; a per-row slot's salt is the row's first element.
+// or, kStochastic, stochastically; a per-row slot's salt is the row's first element
+// (each salt with the call's, p.rounding_salt).
 template <typename Rule, typename T, typename S, typename G, bool kStochastic>
 FO_ALWAYS_INLINE void UpdateRowLoop(const ParamsFor<Rule, T>& p, T* __restrict var,
                                     S* const* slots, const G* __restrict grad, int64_t n) {
@@ -47,14 +61,14 @@ FO_ALWAYS_INLINE void UpdateRowLoop(const ParamsFor<Rule, T>& p, T* __restrict v
   constexpr int kSlots = NumSlots<Rule>();
   C row_slots[kSlots];
   for (int k = 0; k < kSlots; ++k) row_slots[k] = IsPerRowSlot<Rule>(k) ? Load(*slots[k]) : C(0);
-  const uint32_t row_salt = n > 0 ? SaltBits(Load(var[0])) : 0u;
+  const uint32_t row_salt = (n > 0 ? SaltBits(Load(var[0])) : 0u) ^ p.rounding_salt;
   const C row = Rule::UpdateRow(p, row_slots, RowSum<Rule, C>(grad, n), static_cast<C>(n));
   for (int k = 0; k < kSlots; ++k) {
     if (IsPerRowSlot<Rule>(k)) StoreSlot<kStochastic>(*slots[k], row_slots[k], row_salt, k);
   }
   for (int64_t i = 0; i < n; ++i) {
     C v = Load(var[i]);
-    const uint32_t salt = SaltBits(v);
+    const uint32_t salt = SaltBits(v) ^ p.rounding_salt;
     C s[kSlots];
     for (int k = 0; k < kSlots; ++k) s[k] = IsPerRowSlot<Rule>(k) ? row_slots[k] : Load(slots[k][i]);
     Rule::Update(p, v, s, C(Load(grad[i])), row);
@@ -80,7 +94,7 @@ FO_ALWAYS_INLINE void UpdateSpanLoop(const ParamsFor<Rule, T>& p, T* __restrict 
     S* __restrict s0 = slots[0];
     for (int64_t i = 0; i < n; ++i) {
       C v = Load(var[i]);
-      const uint32_t salt = SaltBits(v);
+      const uint32_t salt = SaltBits(v) ^ p.rounding_salt;
       C s[1] = {Load(s0[i])};
       Rule::Update(p, v, s, Load(grad[i]));
       Store(var[i], v);
@@ -91,7 +105,7 @@ FO_ALWAYS_INLINE void UpdateSpanLoop(const ParamsFor<Rule, T>& p, T* __restrict 
     S* __restrict s1 = slots[1];
     for (int64_t i = 0; i < n; ++i) {
       C v = Load(var[i]);
-      const uint32_t salt = SaltBits(v);
+      const uint32_t salt = SaltBits(v) ^ p.rounding_salt;
       C s[2] = {Load(s0[i]), Load(s1[i])};
       Rule::Update(p, v, s, Load(grad[i]));
       Store(var[i], v);
@@ -101,7 +115,7 @@ FO_ALWAYS_INLINE void UpdateSpanLoop(const ParamsFor<Rule, T>& p, T* __restrict 
   } else {
     for (int64_t i = 0; i < n; ++i) {
       C v = Load(var[i]);
-      const uint32_t salt = SaltBits(v);
+      const uint32_t salt = SaltBits(v) ^ p.rounding_salt;
       C s[kSlots];
       for (int k = 0; k < kSlots; ++k) s[k] = Load(slots[k][i]);
       Rule::Update(p, v, s, Load(grad[i]));

@@ -118,11 +118,15 @@ FO_HOST_DEVICE void Store(double& dst, double x) { dst = x; }
 // rules still compute in float32; a slot is rounded once, on store). Rounding is to
 // nearest even, or, opt-in, stochastic: up with probability equal to the dropped
 // fraction, so small increments survive in expectation where nearest would drop them.
-// The random bits are a hash of the value being stored and of a salt (the bits of the
-// variable's element before the update, and the slot's number): deterministic, the same
-// bits on every run and engine given the same float32 value (CPU, CUDA, XLA's custom call;
-// XLA's HLO reproduces the bit operations exactly, but where XLA contracts a*b+c into an
-// FMA the value rounded can differ in its last bit), fresh every step the variable moves.
+// The random bits are a hash of the value being stored and of a salt: the bits of the
+// variable's element before the update, the slot's number, and the call's salt (CallSalt
+// of the op's rounding seed, which the front ends set to the step number). The seed makes
+// each step's decision fresh even where nothing else changes (a learning rate of 0, an
+// update below half a 16-bit step, a repeated gradient): without it such an element would
+// take the same decision every step, a bias. Deterministic: the same bits on every run,
+// thread count and engine given the same float32 value and seed (CPU, CUDA, XLA's custom
+// call; XLA's HLO reproduces the bit operations exactly, but where XLA contracts a*b+c
+// into an FMA the value rounded can differ in its last bit).
 template <typename S>
 constexpr bool IsCompactStorage() {
   return sizeof(S) == 2;
@@ -143,6 +147,12 @@ FO_HOST_DEVICE uint32_t MixBits(uint32_t x) {
 FO_HOST_DEVICE uint32_t RoundingNoise(float value, uint32_t salt_bits, int slot) {
   return MixBits(detail::FloatBits(value) ^
                  MixBits(salt_bits + 0x9e3779b9u * static_cast<uint32_t>(slot + 1)));
+}
+// The salt a call's rounding seed adds to every element's: both halves of the seed mixed
+// (the step number, or any 64-bit value the caller changes every call).
+FO_HOST_DEVICE uint32_t CallSalt(uint64_t seed) {
+  return MixBits(static_cast<uint32_t>(seed) ^
+                 MixBits(static_cast<uint32_t>(seed >> 32) + 0x9e3779b9u));
 }
 FO_HOST_DEVICE uint32_t SaltBits(float x) { return detail::FloatBits(x); }
 FO_HOST_DEVICE uint32_t SaltBits(double x) {

@@ -64,9 +64,30 @@ inline bool StochasticRounding(const py::handle& value) {
   return PyObject_IsTrue(value.ptr()) == 1;
 }
 
+// The keyword rounding_seed: the seed of stochastic rounding (numeric.h's CallSalt), an int
+// (any 64-bit value; the TF ops take an int64), as the TF ops' rounding_seed input.
+inline uint64_t RoundingSeed(const py::handle& value) {
+  if (!py::isinstance<py::int_>(value) || py::isinstance<py::bool_>(value)) {
+    throw py::type_error("rounding_seed must be an int, got " + TypeName(value));
+  }
+  const long long low = PyLong_AsLongLong(value.ptr());
+  if (low == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    const unsigned long long high = PyLong_AsUnsignedLongLong(value.ptr());
+    if (high == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+      PyErr_Clear();
+      throw py::value_error("rounding_seed must fit in 64 bits");
+    }
+    return static_cast<uint64_t>(high);
+  }
+  return static_cast<uint64_t>(low);
+}
+
 // Hyper-parameters are rounded to the variable's dtype first, as the TF wrappers do.
+// `rounding_seed`: the call's seed of stochastic rounding.
 template <typename Rule, typename T>
-ParamsFor<Rule, T> ParamsFromDicts(const py::dict& hyper, const py::dict& options) {
+ParamsFor<Rule, T> ParamsFromDicts(const py::dict& hyper, const py::dict& options,
+                                   uint64_t rounding_seed = 0) {
   std::array<T, Rule::kHyper.size()> values{};
   std::array<const T*, Rule::kHyper.size()> pointers{};
   for (size_t i = 0; i < Rule::kHyper.size(); ++i) {
@@ -93,7 +114,7 @@ ParamsFor<Rule, T> ParamsFromDicts(const py::dict& hyper, const py::dict& option
     for (const RuleOption& option : Rule::kOptions) known |= key == option.name;
     Require(known, "unknown option " + key);
   }
-  return PrepareParams<Rule, T>(pointers.data(), flags.data());
+  return PrepareParams<Rule, T>(pointers.data(), flags.data(), rounding_seed);
 }
 
 // Calls fn.template operator()<Rule, T>() for the rule and dtype named.

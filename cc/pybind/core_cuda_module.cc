@@ -43,6 +43,7 @@ using pycommon::ForSlotStorage;
 using pycommon::ParamsFromDicts;
 using pycommon::Require;
 using pycommon::StochasticRounding;
+using pycommon::RoundingSeed;
 
 struct State {
   DeviceArray var, grad;
@@ -127,12 +128,13 @@ std::string PeekDtype(const py::handle& var, const std::string& dtype) {
 void ApplyDensePy(const std::string& rule, const py::handle& var, const py::list& slots,
                   const py::handle& grad, const py::dict& hyper, const py::dict& options,
                   uintptr_t stream, const std::string& dtype, const std::string& slot_dtype,
-                  const py::object& stochastic_rounding) {
+                  const py::object& stochastic_rounding, const py::object& rounding_seed) {
   CheckSlotDtypeArg(slot_dtype);
   const bool stochastic = StochasticRounding(stochastic_rounding);
+  const uint64_t seed = RoundingSeed(rounding_seed);
   Dispatch(rule, PeekDtype(var, dtype), [&]<typename Rule, typename T>() {
     const State state = CheckState<Rule>(var, slots, grad, {}, false, dtype, slot_dtype);
-    const auto params = ParamsFromDicts<Rule, T>(hyper, options);
+    const auto params = ParamsFromDicts<Rule, T>(hyper, options, seed);
     if (state.var.size == 0) return;
     ForSlotStorage<T>(state.slot_dtype, [&]<typename S>() {
       auto slot_ptrs = SlotPointers<S, NumSlots<Rule>()>(state);
@@ -236,9 +238,10 @@ void ApplyDenseGroupPy(const std::string& rule, const py::sequence& vars,
                        const py::sequence& slots, const py::sequence& grads,
                        const py::dict& hyper, const py::dict& options, uintptr_t stream,
                        const std::string& dtype, const std::string& slot_dtype,
-                       const py::object& stochastic_rounding) {
+                       const py::object& stochastic_rounding, const py::object& rounding_seed) {
   CheckSlotDtypeArg(slot_dtype);
   const bool stochastic = StochasticRounding(stochastic_rounding);
+  const uint64_t seed = RoundingSeed(rounding_seed);
   const int64_t n = static_cast<int64_t>(vars.size());
   Require(static_cast<int64_t>(grads.size()) == n,
           "vars and grads must have one entry per variable, got " + std::to_string(n) + " and " +
@@ -275,7 +278,7 @@ void ApplyDenseGroupPy(const std::string& rule, const py::sequence& vars,
                               ": " + e.what());
       }
     }
-    const auto params = ParamsFromDicts<Rule, T>(hyper, options);
+    const auto params = ParamsFromDicts<Rule, T>(hyper, options, seed);
     ForSlotStorage<T>(states.front().slot_dtype, [&]<typename S>() {
       EnqueueGroup<Rule, T, S>(states, params, stream, stochastic);
     });
@@ -288,9 +291,11 @@ std::unique_ptr<PendingCheck> ApplySparsePy(const std::string& rule, const py::h
                                             const py::dict& options, uintptr_t stream,
                                             const std::string& dtype, bool wait,
                                             const std::string& slot_dtype,
-                                            const py::object& stochastic_rounding) {
+                                            const py::object& stochastic_rounding,
+                                            const py::object& rounding_seed) {
   CheckSlotDtypeArg(slot_dtype);
   const bool stochastic = StochasticRounding(stochastic_rounding);
+  const uint64_t seed = RoundingSeed(rounding_seed);
   const DeviceArray indices = FromInterface(indices_obj, "indices");
   const std::string index_kind = indices.typestr.substr(1);
   Require(index_kind == "i4" || index_kind == "i8",
@@ -299,7 +304,7 @@ std::unique_ptr<PendingCheck> ApplySparsePy(const std::string& rule, const py::h
   Dispatch(rule, PeekDtype(var, dtype), [&]<typename Rule, typename T>() {
     const State state =
         CheckState<Rule>(var, slots, grad, indices.shape, true, dtype, slot_dtype);
-    const auto params = ParamsFromDicts<Rule, T>(hyper, options);
+    const auto params = ParamsFromDicts<Rule, T>(hyper, options, seed);
     const int64_t rows = state.var.shape[0];
     const int64_t row_size = rows == 0 ? 0 : state.var.size / rows;
     const int64_t n = indices.size;
@@ -384,7 +389,7 @@ PYBIND11_MODULE(_core_cuda, m) {
   m.def("apply_dense", &ApplyDensePy, py::arg("rule"), py::arg("var"), py::arg("slots"),
         py::arg("grad"), py::arg("hyper"), py::arg("options") = py::dict(),
         py::arg("stream") = 0, py::arg("dtype") = "", py::kw_only(), py::arg("slot_dtype") = "",
-        py::arg("stochastic_rounding") = false,
+        py::arg("stochastic_rounding") = false, py::arg("rounding_seed") = 0,
         "Dense update of var and slots in place, enqueued on `stream`. Slots: var's dtype or, "
         "beside a float32 var, all bfloat16 or all float16 (slot_dtype='bfloat16' for "
         "2-byte arrays of bfloat16 bits), rounded to nearest even or, with "
@@ -392,7 +397,7 @@ PYBIND11_MODULE(_core_cuda, m) {
   m.def("apply_dense_group", &ApplyDenseGroupPy, py::arg("rule"), py::arg("vars"),
         py::arg("slots"), py::arg("grads"), py::arg("hyper"), py::arg("options") = py::dict(),
         py::arg("stream") = 0, py::arg("dtype") = "", py::kw_only(), py::arg("slot_dtype") = "",
-        py::arg("stochastic_rounding") = false,
+        py::arg("stochastic_rounding") = false, py::arg("rounding_seed") = 0,
         "Dense updates of many variables in place with the same hyper-parameters, enqueued on "
         "`stream` as multi-tensor launches (the group op's engine). slots: one list per slot, "
         "each with an entry per variable. Each variable's result equals apply_dense's.");
@@ -405,7 +410,7 @@ PYBIND11_MODULE(_core_cuda, m) {
   m.def("apply_sparse", &ApplySparsePy, py::arg("rule"), py::arg("var"), py::arg("slots"),
         py::arg("grad"), py::arg("indices"), py::arg("hyper"), py::arg("options") = py::dict(),
         py::arg("stream") = 0, py::arg("dtype") = "", py::arg("wait") = true, py::kw_only(),
-        py::arg("slot_dtype") = "", py::arg("stochastic_rounding") = false,
+        py::arg("slot_dtype") = "", py::arg("stochastic_rounding") = false, py::arg("rounding_seed") = 0,
         "Sparse update of the rows named by indices (duplicates summed first), in place. "
         "Never synchronises while enqueueing; wait=True (default) then waits and raises "
         "ValueError for an out-of-range index (nothing written); wait=False returns a "

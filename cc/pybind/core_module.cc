@@ -139,9 +139,10 @@ std::array<S*, kSlots> SlotPointers(State& state) {
 // nearest or, `stochastic`, stochastically: cc/core/numeric.h).
 template <typename Rule, typename T>
 void Dense(const py::array& var, const py::sequence& slots, const py::array& grad,
-           const py::dict& hyper, const py::dict& options, int num_threads, bool stochastic) {
+           const py::dict& hyper, const py::dict& options, int num_threads, bool stochastic,
+           uint64_t rounding_seed) {
   State state = CheckState<Rule>(var, slots, grad, nullptr);
-  const auto params = ParamsFromDicts<Rule, T>(hyper, options);
+  const auto params = ParamsFromDicts<Rule, T>(hyper, options, rounding_seed);
   ForSlotStorage<T>(state.slot_dtype, [&]<typename S>() {
     auto slot_ptrs = SlotPointers<S, NumSlots<Rule>()>(state);
     T* var_ptr = static_cast<T*>(state.var.mutable_data());
@@ -159,9 +160,9 @@ void Dense(const py::array& var, const py::sequence& slots, const py::array& gra
 template <typename Rule, typename T, typename Index>
 void Sparse(const py::array& var, const py::sequence& slots, const py::array& grad,
             const py::array& indices, const py::dict& hyper, const py::dict& options,
-            int num_threads, bool stochastic) {
+            int num_threads, bool stochastic, uint64_t rounding_seed) {
   State state = CheckState<Rule>(var, slots, grad, &indices);
-  const auto params = ParamsFromDicts<Rule, T>(hyper, options);
+  const auto params = ParamsFromDicts<Rule, T>(hyper, options, rounding_seed);
   std::string error;
   ForSlotStorage<T>(state.slot_dtype, [&]<typename S>() {
     auto slot_ptrs = SlotPointers<S, NumSlots<Rule>()>(state);
@@ -276,7 +277,9 @@ py::dict AbiFloorSelfTest(int64_t copies, int64_t count) {
 #define SLOTS_DOC                                                                            \
   "Slots have var's dtype or, beside a float32 var, all bfloat16 or all float16 (compact "  \
   "slots: computed in float32, rounded once on store, to nearest even or, with "            \
-  "stochastic_rounding=True, stochastically: deterministic, the TF ops' bits)."
+  "stochastic_rounding=True, stochastically with the random bits of the stored value, var's " \
+  "old element and rounding_seed (an int; the TF ops' rounding_seed: the same bits given the " \
+  "same seed)."
 
 // The module's contents, defined where both fusedopt's and pycommon's names are in scope.
 void DefineCoreModule(py::module_& m) {
@@ -380,45 +383,48 @@ void DefineCoreModule(py::module_& m) {
       "apply_dense",
       [](const std::string& rule, const py::object& var, const py::object& slots,
          py::array grad, py::dict hyper, py::dict options, int64_t num_threads,
-         const py::object& stochastic_rounding) {
+         const py::object& stochastic_rounding, const py::object& rounding_seed) {
         const py::array state = InPlaceArray(var, "var");
         const py::sequence slot_list = SlotList(slots);
         const int threads = ThreadCount(num_threads);
         const bool stochastic = StochasticRounding(stochastic_rounding);
+        const uint64_t seed = RoundingSeed(rounding_seed);
         Dispatch(rule, DtypeName(state), [&]<typename Rule, typename T>() {
-          Dense<Rule, T>(state, slot_list, grad, hyper, options, threads, stochastic);
+          Dense<Rule, T>(state, slot_list, grad, hyper, options, threads, stochastic, seed);
         });
       },
       py::arg("rule"), py::arg("var"), py::arg("slots"), py::arg("grad"), py::arg("hyper"),
       py::arg("options") = py::dict(), py::arg("num_threads") = 1, py::kw_only(),
-      py::arg("stochastic_rounding") = false,
+      py::arg("stochastic_rounding") = false, py::arg("rounding_seed") = 0,
       "Dense update of var and slots (numpy.ndarrays) in place, on up to num_threads "
       "threads (at most 256). " SLOTS_DOC);
   m.def(
       "apply_sparse",
       [](const std::string& rule, const py::object& var, const py::object& slots,
          py::array grad, py::array indices, py::dict hyper, py::dict options,
-         int64_t num_threads, const py::object& stochastic_rounding) {
+         int64_t num_threads, const py::object& stochastic_rounding,
+         const py::object& rounding_seed) {
         const py::array state = InPlaceArray(var, "var");
         const py::sequence slot_list = SlotList(slots);
         const int threads = ThreadCount(num_threads);
         const bool stochastic = StochasticRounding(stochastic_rounding);
+        const uint64_t seed = RoundingSeed(rounding_seed);
         const std::string index_type = DtypeName(indices);
         Require(index_type == "int32" || index_type == "int64",
                 "indices must be int32 or int64, got " + index_type);
         Dispatch(rule, DtypeName(state), [&]<typename Rule, typename T>() {
           if (index_type == "int32") {
             Sparse<Rule, T, int32_t>(state, slot_list, grad, indices, hyper, options, threads,
-                                     stochastic);
+                                     stochastic, seed);
           } else {
             Sparse<Rule, T, int64_t>(state, slot_list, grad, indices, hyper, options, threads,
-                                     stochastic);
+                                     stochastic, seed);
           }
         });
       },
       py::arg("rule"), py::arg("var"), py::arg("slots"), py::arg("grad"), py::arg("indices"),
       py::arg("hyper"), py::arg("options") = py::dict(), py::arg("num_threads") = 1,
-      py::kw_only(), py::arg("stochastic_rounding") = false,
+      py::kw_only(), py::arg("stochastic_rounding") = false, py::arg("rounding_seed") = 0,
       "Sparse update of the rows named by indices (duplicates summed first), in place, on "
       "up to num_threads threads (at most 256). " SLOTS_DOC);
 }

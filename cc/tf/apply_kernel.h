@@ -41,6 +41,10 @@ class FusedApply {
     for (int i = 0; i < NumOptions<Rule>(); ++i) {
       OP_REQUIRES_OK(ctx, ctx->GetAttr(Rule::kOptions[i].name, &options_[i]));
     }
+    int64_t seeds = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr(kRoundingSeedCount, &seeds));
+    const std::string error = RoundingSeedAttrError(stochastic_rounding_, seeds);
+    OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(error));
   }
 
   // Validates, then updates (CPU) or enqueues the update (GPU). Errors go to ctx. GPU
@@ -110,7 +114,10 @@ class FusedApply {
       OP_REQUIRES_OK(ctx, RequireElementAligned("indices", ctx->input(kGradInput + 1)));
     }
 
-    const auto params = PrepareParams<Rule, Storage>(hyper.data(), options_.data());
+    uint64_t rounding_seed = 0;
+    OP_REQUIRES_OK(ctx, ReadRoundingSeed(ctx, &rounding_seed));
+
+    const auto params = PrepareParams<Rule, Storage>(hyper.data(), options_.data(), rounding_seed);
     OP_REQUIRES_OK(ctx, ForSlotStorage<T>(slot_dtype_, [&](auto slot_storage) {
       return Update<typename decltype(slot_storage)::type>(ctx, params, state, check,
                                                            num_rows_out);

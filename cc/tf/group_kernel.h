@@ -12,6 +12,7 @@
 #include "cc/core/validate.h"
 #include "cc/tf/device_engine.h"
 #include "cc/tf/kernel_common.h"
+#include "cc/tf/op_defs.h"
 #include "cc/tf/separate_buffers.h"
 #include "cc/tf/tf_types.h"
 #include "cc/tf/variable_access.h"
@@ -44,6 +45,10 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
     for (int i = 0; i < NumOptions<Rule>(); ++i) {
       OP_REQUIRES_OK(ctx, ctx->GetAttr(Rule::kOptions[i].name, &options_[i]));
     }
+    int64_t seeds = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr(kRoundingSeedCount, &seeds));
+    const std::string error = RoundingSeedAttrError(stochastic_rounding_, seeds);
+    OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(error));
   }
 
   void Compute(::tensorflow::OpKernelContext* ctx) override {
@@ -61,6 +66,8 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
       OP_REQUIRES_OK(ctx, RequireElementAligned(Rule::kHyper[i], t));
       hyper[i] = DataOf<Storage>(t);
     }
+    uint64_t rounding_seed = 0;
+    OP_REQUIRES_OK(ctx, ReadRoundingSeed(ctx, &rounding_seed));
     // Every variable found and distinct from all others. The pack (held by `pack`) or
     // `held` owns them until the end; `lock_order` is their address order.
     std::vector<Var*> vars(num_state);
@@ -123,15 +130,19 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
         OP_REQUIRES_OK(ctx, RequireElementAligned("grad[" + std::to_string(v) + "]", grad));
       }
       const ::tensorflow::TensorShape& grad_shape = grad.shape();
-      bool same_shapes = true;
+      // The common case without building shapes: var and each per-element slot of grad's
+      // shape, each per-row slot of its rows ([rows]; [] for a scalar).
+      bool expected_shapes = true;
       for (int k = 0; k <= kSlots; ++k) {
         const int64_t j = k * n_ + v;
         OP_REQUIRES(ctx, HoldsValue(vars[j]), UninitializedError(ctx, j, absl::OkStatus()));
         const ::tensorflow::Tensor* t = vars[j]->tensor();
         OP_REQUIRES_OK(ctx, CheckStateDtype(j, t->dtype(), var_dtype, slot_dtype));
-        same_shapes = same_shapes && t->shape().IsSameSize(grad_shape);
+        expected_shapes = expected_shapes && (k > 0 && IsPerRowSlot<Rule>(k - 1)
+                                                  ? IsRowsOf(t->shape(), grad_shape)
+                                                  : t->shape().IsSameSize(grad_shape));
       }
-      if (same_shapes) continue;  // what ValidateDense accepts (hyper: scalars, above)
+      if (expected_shapes) continue;  // what ValidateDense accepts (hyper: scalars, above)
       std::array<Shape, 1 + kSlots> shapes;
       for (int k = 0; k <= kSlots; ++k) shapes[k] = ToShape(vars[k * n_ + v]->tensor()->shape());
       const std::string error = ValidateDense<Rule>(shapes[0], &shapes[1], hyper_shapes,
@@ -164,7 +175,7 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
       }
       state[j] = var->tensor();
     }
-    const auto params = PrepareParams<Rule, Storage>(hyper.data(), options_.data());
+    const auto params = PrepareParams<Rule, Storage>(hyper.data(), options_.data(), rounding_seed);
     OP_REQUIRES_OK(ctx, ForSlotStorage<T>(slot_dtype, [&](auto slot_storage) {
       using S = typename decltype(slot_storage)::type;
       std::vector<DenseTensor<Rule, Storage, S>> tensors(n_);
@@ -220,6 +231,13 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
   absl::Status UninitializedError(::tensorflow::OpKernelContext* ctx, int64_t j,
                                   const absl::Status& cause) const {
     return UninitializedVariableError(StateName(j), InputName(ctx, j), cause);
+  }
+
+  // Whether `slot` is the shape of a per-row slot beside a variable of shape `var`:
+  // var.shape[:1], or [] for a scalar var (validate.h's SlotShape).
+  static bool IsRowsOf(const ::tensorflow::TensorShape& slot, const ::tensorflow::TensorShape& var) {
+    if (var.dims() == 0) return slot.dims() == 0;
+    return slot.dims() == 1 && slot.dim_size(0) == var.dim_size(0);
   }
 
   // RequireElementAligned's test (dtypes checked first), per member.

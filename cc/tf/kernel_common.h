@@ -62,6 +62,21 @@ inline absl::Status UninitializedVariableError(const std::string& name, const st
       (cause.ok() ? "" : ": " + std::string(cause.message())));
 }
 
+// The op's rounding seed (op_defs.h: a list of at most one int64 scalar); 0 without one.
+inline absl::Status ReadRoundingSeed(::tensorflow::OpKernelContext* ctx, uint64_t* seed) {
+  ::tensorflow::OpInputList seeds;
+  TF_RETURN_IF_ERROR(ctx->input_list("rounding_seed", &seeds));
+  *seed = 0;
+  if (seeds.size() == 0) return absl::OkStatus();
+  const ::tensorflow::Tensor& t = seeds[0];
+  if (t.dims() != 0) {
+    return absl::InvalidArgumentError("rounding_seed must be a scalar, got shape " +
+                                      t.shape().DebugString());
+  }
+  *seed = static_cast<uint64_t>(t.scalar<int64_t>()());
+  return absl::OkStatus();
+}
+
 // A tensor's buffer as the core's storage type (the kernels write variables in place).
 template <typename Storage>
 Storage* MutableData(::tensorflow::Tensor& t) {

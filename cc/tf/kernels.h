@@ -43,11 +43,14 @@ void RegisterKernel(const std::string& op, const char* device, ::tensorflow::Dat
       });
 }
 
-// On GPU the scalar hyper-parameters are host-memory inputs (read once by Prepare()).
+// On GPU the scalar hyper-parameters and the rounding seed are host-memory inputs (read
+// once by Prepare()).
 template <typename Rule>
 std::vector<const char*> HostMemoryInputs(const char* device) {
   if (std::string(device) == ::tensorflow::DEVICE_CPU) return {};
-  return {Rule::kHyper.begin(), Rule::kHyper.end()};
+  std::vector<const char*> inputs(Rule::kHyper.begin(), Rule::kHyper.end());
+  inputs.push_back(kRoundingSeedInput);
+  return inputs;
 }
 
 // The four single-variable ops' kernels on `device` for dtype T (sparse: every index type).

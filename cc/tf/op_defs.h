@@ -176,6 +176,55 @@ void AddCommonAttrs(::tensorflow::register_op::OpDefBuilderWrapper& op) {
   }
 }
 
+// Every op's last input: the seed of stochastic rounding (numeric.h's CallSalt), a list of
+// at most one int64 scalar. Given with stochastic_rounding, which needs one (the step
+// number, or anything else that changes every call); none otherwise, so graphs written
+// before the input existed still load and run as they did.
+constexpr const char* kRoundingSeedInput = "rounding_seed";
+constexpr const char* kRoundingSeedCount = "NSeed";
+
+inline void AddRoundingSeed(::tensorflow::register_op::OpDefBuilderWrapper& op) {
+  op.Input(std::string(kRoundingSeedInput) + ": " + kRoundingSeedCount + " * int64");
+  op.Attr(std::string(kRoundingSeedCount) + ": int >= 0 = 0");
+}
+
+// "" when the op's attributes agree with its rounding seeds, else the refusal.
+inline std::string RoundingSeedAttrError(bool stochastic_rounding, int64_t seeds) {
+  if (seeds > 1) {
+    return "rounding_seed takes at most one value (the call's seed), got " + std::to_string(seeds);
+  }
+  if (stochastic_rounding && seeds == 0) {
+    return "stochastic_rounding needs a rounding_seed: an int64 scalar that changes every call "
+           "(e.g. the step number); without one an element that does not change would round "
+           "the same way every step, a bias";
+  }
+  return "";
+}
+
+namespace detail {
+
+// The rounding seed's checks at graph construction: the attributes, and a scalar.
+inline absl::Status InferRoundingSeed(InferenceContext* c) {
+  bool stochastic = false;
+  int64_t seeds = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("stochastic_rounding", &stochastic));
+  TF_RETURN_IF_ERROR(c->GetAttr(kRoundingSeedCount, &seeds));
+  const std::string error = RoundingSeedAttrError(stochastic, seeds);
+  if (!error.empty()) return absl::InvalidArgumentError(error);
+  std::vector<ShapeHandle> shapes;
+  TF_RETURN_IF_ERROR(c->input(kRoundingSeedInput, &shapes));
+  for (const ShapeHandle& h : shapes) {
+    ShapeHandle unused;
+    if (!c->WithRank(h, 0, &unused).ok()) {
+      return absl::InvalidArgumentError("rounding_seed must be a scalar, got shape " +
+                                        c->DebugString(h));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace detail
+
 template <typename Rule>
 void RegisterOpDef(Variant variant) {
   const std::string name = OpName(Rule::kOpName, variant);
@@ -193,6 +242,7 @@ void RegisterOpDef(Variant variant) {
     op.Input("indices: Tindices");
     op.Attr(TypeAttr("Tindices", IndexDataTypes()));
   }
+  AddRoundingSeed(op);
   if (!IsResource(variant)) {
     op.Output("out: Ref(T)");
     // Let the kernel report uninitialized ref inputs in its own words.
@@ -204,6 +254,7 @@ void RegisterOpDef(Variant variant) {
   AddCommonAttrs<Rule>(op);
   const bool sparse = IsSparse(variant), ref_output = !IsResource(variant);
   op.SetShapeFn([sparse, ref_output](::tensorflow::shape_inference::InferenceContext* c) {
+    TF_RETURN_IF_ERROR(detail::InferRoundingSeed(c));
     return detail::InferShapes<Rule>(c, sparse, ref_output);
   });
   op.Doc(std::string("Fused ") + Rule::kOpName + " update" +
@@ -305,11 +356,15 @@ void RegisterGroupOpDef(bool packed) {
   }
   for (const char* hyper : Rule::kHyper) op.Input(std::string(hyper) + ": T");
   op.Input("grad: N * T");
+  AddRoundingSeed(op);
   op.Attr("N: int >= 1");
   op.Attr(TypeAttr("T", StorageDataTypes()));
   op.Attr("use_locking: bool = false");
   AddCommonAttrs<Rule>(op);
-  op.SetShapeFn(packed ? detail::InferPackedGroupShapes<Rule> : detail::InferGroupShapes<Rule>);
+  op.SetShapeFn([packed](::tensorflow::shape_inference::InferenceContext* c) {
+    TF_RETURN_IF_ERROR(detail::InferRoundingSeed(c));
+    return packed ? detail::InferPackedGroupShapes<Rule>(c) : detail::InferGroupShapes<Rule>(c);
+  });
   op.Doc(std::string("Fused dense ") + Rule::kOpName +
          (packed ? " update of the N variables of a member pack (their slots too) in one pass"
                  : " update of N resource variables in one pass (same dtype, shared "

@@ -54,8 +54,9 @@ inline std::optional<ffi::Error> StateBuffer(const ffi::RemainingArgs& args,
   return std::nullopt;
 }
 
-// The rule's Params from its scalar hyper-parameter arguments (first_hyper, ...) and the
-// options argument (one byte per option, then stochastic_rounding's: OptionBytes).
+// The call's Params from the rule's scalar hyper-parameter arguments (first_hyper, ...),
+// the options argument (one byte per option, then stochastic_rounding's: OptionBytes) and
+// the call's rounding salt, the argument after it (U32 scalar).
 template <typename Rule, typename T>
 std::optional<ffi::Error> ReadParams(const ffi::RemainingArgs& args, int64_t first_hyper,
                                      int64_t options_at, ParamsFor<Rule, T>* params,
@@ -72,7 +73,10 @@ std::optional<ffi::Error> ReadParams(const ffi::RemainingArgs& args, int64_t fir
   const auto* option_bytes = static_cast<const uint8_t*>(options->untyped_data());
   for (int i = 0; i < NumOptions<Rule>(); ++i) flags[i] = option_bytes[i] != 0;
   *stochastic = option_bytes[NumOptions<Rule>()] != 0;
+  auto salt = args.get<ffi::AnyBuffer>(options_at + 1);
+  if (!salt.has_value()) return salt.error();
   *params = PrepareParams<Rule, T>(hyper.data(), flags.data());
+  params->rounding_salt = *static_cast<const uint32_t*>(salt->untyped_data());
   return std::nullopt;
 }
 
@@ -151,7 +155,8 @@ struct FfiCall {
   template <typename T, typename S>
   static ffi::Error Typed(ffi::ThreadPool& pool, const ffi::RemainingArgs& args,
                           const ffi::RemainingRets& rets) {
-    // Arguments: var, slots, hyper-parameters, grad, [indices], options; results: var, slots.
+    // Arguments: var, slots, hyper-parameters, grad, [indices], options, rounding salt;
+    // results: var, slots.
     T* var = nullptr;
     std::array<S*, kSlots> slots;
     int64_t elements = 0, num_rows = 0;
@@ -203,15 +208,15 @@ struct FfiCall {
 };
 
 // The group's custom call: arguments N*(1+kSlots) state buffers (vars, then each slot's),
-// the hyper-parameters, N grads, options; results the state buffers.
+// the hyper-parameters, N grads, options, rounding salt; results the state buffers.
 template <typename Rule>
 struct FfiGroupCall {
   static constexpr int kSlots = NumSlots<Rule>();
   static constexpr int kHyper = NumHyper<Rule>();
 
-  // Members: N = (arguments - hyper-parameters - options) / (var, slots, grad).
+  // Members: N = (arguments - hyper-parameters - options - salt) / (var, slots, grad).
   static int64_t Members(const ffi::RemainingArgs& args) {
-    return (static_cast<int64_t>(args.size()) - kHyper - 1) / (2 + kSlots);
+    return (static_cast<int64_t>(args.size()) - kHyper - 2) / (2 + kSlots);
   }
   static int64_t FirstSlotArg(const ffi::RemainingArgs& args) { return Members(args); }
   static int64_t SlotArgs(const ffi::RemainingArgs& args) { return kSlots * Members(args); }

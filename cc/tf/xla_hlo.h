@@ -113,6 +113,17 @@ inline xla::XlaOp MixBitsHlo(xla::XlaOp x) {
   return xla::Xor(x, xla::ShiftRightLogical(x, U32Const(b, 16)));
 }
 
+// numeric.h CallSalt of an S64 scalar seed: U32.
+inline xla::XlaOp CallSaltHlo(xla::XlaOp seed) {
+  xla::XlaBuilder* b = seed.builder();
+  const xla::XlaOp u = xla::BitcastConvertType(seed, xla::U64);
+  const xla::XlaOp low =
+      xla::ConvertElementType(xla::And(u, xla::ConstantR0<uint64_t>(b, 0xffffffffu)), xla::U32);
+  const xla::XlaOp high =
+      xla::ConvertElementType(xla::ShiftRightLogical(u, xla::ConstantR0<uint64_t>(b, 32)), xla::U32);
+  return MixBitsHlo(xla::Xor(low, MixBitsHlo(xla::Add(high, U32Const(b, 0x9e3779b9u)))));
+}
+
 // numeric.h RoundingNoise: `bits` the stored value's float bits, `salt_bits` U32 of its shape.
 inline xla::XlaOp RoundingNoiseHlo(xla::XlaOp bits, xla::XlaOp salt_bits, int slot) {
   xla::XlaBuilder* b = bits.builder();
@@ -193,15 +204,16 @@ typename Rule::template Params<XlaValue> HloParams(tfw::XlaOpKernelContext* ctx,
 // grad are [rows, ...] (or a scalar: one row), per-element slots the same, per-row slots
 // [rows] ([]); with a per-row phase, UpdateRow() on the row sums first, its results
 // broadcast along the rows. The salt of stochastic rounding is var's element before the
-// update (a per-row slot: the row's first element; 0 for rows of no elements), as on the CPU.
+// update (a per-row slot: the row's first element; 0 for rows of no elements), each with
+// the call's salt `call_salt` (U32 scalar: CallSaltHlo of the seed), as on the CPU.
 template <typename Rule>
 HloState<Rule> HloUpdate(const typename Rule::template Params<XlaValue>& params, xla::XlaOp var,
                          const std::array<xla::XlaOp, NumSlots<Rule>()>& slots, xla::XlaOp grad,
                          xla::PrimitiveType storage, xla::PrimitiveType slot_storage,
-                         bool stochastic) {
+                         bool stochastic, xla::XlaOp call_salt) {
   stochastic = stochastic && IsCompactType(slot_storage);
   xla::XlaOp salt, row_salt;  // U32, with stochastic only
-  if (stochastic) salt = xla::BitcastConvertType(var, xla::U32);
+  if (stochastic) salt = xla::Xor(xla::BitcastConvertType(var, xla::U32), call_salt);
   XlaValue v = var;
   XlaValue s[NumSlots<Rule>()];
   for (int k = 0; k < NumSlots<Rule>(); ++k) s[k] = slots[k];
@@ -245,7 +257,7 @@ HloState<Rule> HloUpdate(const typename Rule::template Params<XlaValue>& params,
       row_salt = xla::Reshape(
           xla::SliceInDim(xla::Reshape(salt, {rows, row_size}), 0, 1, 1, 1), slot_dims);
     } else if (stochastic) {
-      row_salt = xla::Broadcast(U32Const(b, 0), slot_dims);
+      row_salt = xla::Broadcast(call_salt, slot_dims);
     }
   } else {
     Rule::Update(params, v, s, XlaValue(grad));

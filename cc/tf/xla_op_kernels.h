@@ -20,7 +20,29 @@ struct RuleAttrs {
     for (int i = 0; i < NumOptions<Rule>(); ++i) {
       OP_REQUIRES_OK(ctx, ctx->GetAttr(Rule::kOptions[i].name, &options[i]));
     }
+    int64_t seeds = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr(kRoundingSeedCount, &seeds));
+    const std::string error = RoundingSeedAttrError(stochastic, seeds);
+    OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(error));
   }
+
+  // The call's rounding salt (U32 scalar: CallSaltHlo of the op's seed; 0 without one).
+  // Errors go to ctx (the caller checks ctx->status() before using the result).
+  static xla::XlaOp CallSalt(tfw::XlaOpKernelContext* ctx) {
+    std::vector<xla::XlaOp> seeds;
+    std::vector<tfw::TensorShape> shapes;
+    const absl::Status listed = ctx->InputList(kRoundingSeedInput, &seeds, &shapes);
+    if (!listed.ok()) {
+      ctx->SetStatus(listed);
+    } else if (!seeds.empty() && shapes[0].dims() != 0) {
+      ctx->SetStatus(absl::InvalidArgumentError("rounding_seed must be a scalar, got shape " +
+                                                shapes[0].DebugString()));
+    } else if (!seeds.empty()) {
+      return CallSaltHlo(seeds[0]);
+    }
+    return U32Const(ctx->builder(), 0);
+  }
+
   const bool on_cpu;  // compiling for XLA:CPU
   tfw::DataType dtype = tfw::DT_INVALID;
   bool stochastic = false;  // stochastic_rounding (of 16-bit slots)
@@ -113,7 +135,7 @@ class FusedApplyXlaOp : public tfw::XlaOpKernel {
     const HloState<Rule> out = HloUpdate<Rule>(
         params, xla::ConvertElementType(state[0], compute), slots,
         xla::ConvertElementType(ctx->Input(kGradInput), compute), storage, slot_storage,
-        attrs_.stochastic);
+        attrs_.stochastic, RuleAttrs<Rule>::CallSalt(ctx));
     (*updated)[0] = out.var;
     for (int k = 0; k < kSlots; ++k) (*updated)[k + 1] = out.slots[k];
   }
@@ -182,7 +204,7 @@ class FusedApplyXlaOp : public tfw::XlaOpKernel {
     }
     const HloState<Rule> out = HloUpdate<Rule>(
         params, xla::ConvertElementType(GatherRows(state[0], rows), compute), slot_rows, sums,
-        storage, slot_storage, attrs_.stochastic);
+        storage, slot_storage, attrs_.stochastic, RuleAttrs<Rule>::CallSalt(ctx));
     const xla::XlaOp write_row = xla::Select(xla::And(head, xla::Broadcast(all_in_range, {n})),
                                              rows, xla::Broadcast(c(num_rows), {n}));
     const xla::XlaComputation replace = ReplaceComputation(b, storage);
@@ -205,6 +227,7 @@ class FusedApplyXlaOp : public tfw::XlaOpKernel {
     if (kSparse) operands.push_back(ctx->Input(kGradInput + 1));
     operands.push_back(
         xla::ConstantR1<uint8_t>(b, OptionBytes<Rule>(attrs_.options.data(), attrs_.stochastic)));
+    operands.push_back(RuleAttrs<Rule>::CallSalt(ctx));
     std::vector<xla::Shape> shapes;
     std::vector<std::pair<xla::ShapeIndex, std::pair<int64_t, xla::ShapeIndex>>> aliasing;
     for (int i = 0; i <= kSlots; ++i) {
@@ -297,6 +320,7 @@ class FusedGroupApplyXlaOp : public tfw::XlaOpKernel {
       for (int64_t v = 0; v < n_; ++v) operands.push_back(ctx->Input(first_grad + v));
       operands.push_back(
           xla::ConstantR1<uint8_t>(b, OptionBytes<Rule>(attrs_.options.data(), attrs_.stochastic)));
+      operands.push_back(RuleAttrs<Rule>::CallSalt(ctx));
       std::vector<xla::Shape> out_shapes;
       std::vector<std::pair<xla::ShapeIndex, std::pair<int64_t, xla::ShapeIndex>>> aliasing;
       for (int64_t j = 0; j < num_state; ++j) {
@@ -319,6 +343,7 @@ class FusedGroupApplyXlaOp : public tfw::XlaOpKernel {
       const xla::PrimitiveType compute = ComputeTypeOf(storage);
       XlaValueScope scope(b, compute);
       const auto params = HloParams<Rule>(ctx, first_hyper, compute, attrs_.options.data());
+      const xla::XlaOp call_salt = RuleAttrs<Rule>::CallSalt(ctx);
       for (int64_t v = 0; v < n_; ++v) {
         std::array<xla::XlaOp, kSlots> slots;
         for (int k = 0; k < kSlots; ++k) {
@@ -327,11 +352,12 @@ class FusedGroupApplyXlaOp : public tfw::XlaOpKernel {
         const HloState<Rule> out = HloUpdate<Rule>(
             params, xla::ConvertElementType(state[v], compute), slots,
             xla::ConvertElementType(ctx->Input(first_grad + v), compute), storage, slot_storage,
-            attrs_.stochastic);
+            attrs_.stochastic, call_salt);
         updated[v] = out.var;
         for (int k = 0; k < kSlots; ++k) updated[(k + 1) * n_ + v] = out.slots[k];
       }
     }
+    if (!ctx->status().ok()) return;
     OP_REQUIRES_OK(ctx, b->first_error());
     for (int64_t j = 0; j < num_state; ++j) {
       OP_REQUIRES_OK(ctx, ctx->AssignVariable(j, types[j], updated[j]));

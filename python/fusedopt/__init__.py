@@ -14,6 +14,7 @@ import importlib as _importlib
 __version__ = "0.2.0"
 
 from fusedopt import _loader
+from fusedopt._warnings import FallbackWarning, FusedOptWarning, IgnoredOptionWarning
 
 _loader.package_version = __version__
 # fusedopt._core / _core_cuda are checked before Python dlopens them (a truncated file

@@ -13,6 +13,8 @@ import inspect
 
 import tensorflow as tf
 
+from fusedopt._warnings import IgnoredOptionWarning, warn_once
+
 COMPACT_DTYPES = (tf.bfloat16, tf.float16)
 
 
@@ -53,6 +55,25 @@ def check_strategy(dtype):
             "slot_dtype='bfloat16' under MultiWorkerMirroredStrategy with more than one "
             "worker: TensorFlow broadcasts each new variable's initial value with a "
             "collective op that has no bfloat16 kernel; use slot_dtype='float16' there")
+
+
+def check_slots(optimizer, variable, slots, slot_dtype):
+    """Warns once per optimizer (``IgnoredOptionWarning``) where `slot_dtype` (parsed) asks
+    for compact slots beside a float32 variable but its `slots` are of another dtype: code
+    outside fusedopt made them (a library that wraps the optimizer and replaces its slot
+    creation). The update runs on the slots as they are."""
+    if slot_dtype is None:
+        return
+    want = slot_dtype_for(variable.dtype, slot_dtype)
+    got = sorted({tf.as_dtype(s.dtype).base_dtype.name for s in slots})
+    if not got or got == [want.name]:
+        return
+    warn_once(optimizer, "slot_dtype", IgnoredOptionWarning,
+              f"slot_dtype={slot_dtype.name!r} has no effect on {getattr(variable, 'name', '?')}: "
+              f"its slots are {' and '.join(got)}, made by code that replaced this optimizer's "
+              "slot creation (a library wrapping the optimizer). They are updated as they are, "
+              f"in {' and '.join(got)}, and saved so; the optimizer's config still says "
+              f"{slot_dtype.name!r}. (Said once per optimizer.)", stacklevel=4)
 
 
 def set_options(optimizer, slot_dtype, stochastic_rounding):

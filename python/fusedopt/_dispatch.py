@@ -63,13 +63,13 @@ def _composed_sparse(rule, variable, slots, values, indices, hyper, options):
 
 
 def apply(rule, variable, slots, grad, hyper, options=None, composed=False,
-          use_locking=False, stochastic_rounding=False):
+          use_locking=False, stochastic_rounding=False, rounding_seed=None):
     """One update of ``variable`` and ``slots`` (in the rule's slot order).
 
     ``hyper``: dict of the rule's hyper-parameters (numbers or tensors, cast to the
     variable's dtype). The gradient is cast to the variable's dtype first, as Keras does.
     ``stochastic_rounding``: of compact (16-bit) slots; the fused ops only (the composed
-    form rounds to nearest and refuses it).
+    form rounds to nearest and refuses it), with ``rounding_seed`` (the step number).
     Returns the update op in graph mode, None when executing eagerly.
     """
     options = dict(options or {})
@@ -87,12 +87,14 @@ def apply(rule, variable, slots, grad, hyper, options=None, composed=False,
                                     options)
         return _op(rule, True)(variable, *slots, grad=values, indices=grad.indices,
                                use_locking=use_locking, **hyper, **options,
-                               stochastic_rounding=stochastic_rounding)
+                               stochastic_rounding=stochastic_rounding,
+                               rounding_seed=rounding_seed)
     grad = tf.cast(grad, dtype)
     if composed:
         return _composed_dense(rule, variable, slots, grad, hyper, options)
     return _op(rule, False)(variable, *slots, grad=grad, use_locking=use_locking, **hyper,
-                            **options, stochastic_rounding=stochastic_rounding)
+                            **options, stochastic_rounding=stochastic_rounding,
+                            rounding_seed=rounding_seed)
 
 
 def _allowed_types(variant, attr_name):
@@ -129,6 +131,14 @@ def covers_gradient(grad):
     return grad is None or tf.as_dtype(grad.dtype).base_dtype in FUSED_DTYPES
 
 
+def overridden(obj, name, owner):
+    """Whether `obj`'s method `name` is not `owner`'s: a subclass overrides it or the
+    instance has its own (a wrapping library's). The front ends group per-variable updates
+    into one op only where their own methods would do them: a replacement must still be
+    called for every variable."""
+    return name in vars(obj) or getattr(type(obj), name, None) is not getattr(owner, name)
+
+
 def groupable(variable, grad):
     """Whether the group op can take this update: a dense gradient of a resource variable
     of a dtype the ops take."""
@@ -139,7 +149,7 @@ def groupable(variable, grad):
 
 
 def apply_group(rule, updates, hyper_for, options=None, use_locking=False, packs=None,
-                stochastic_rounding=False):
+                stochastic_rounding=False, rounding_seed=None):
     """Dense updates of many variables: one ``resource_group_apply_<rule>`` op per
     (dtype, device) of the variables, in first-seen order.
 
@@ -148,7 +158,8 @@ def apply_group(rule, updates, hyper_for, options=None, use_locking=False, packs
     the dtype and device only). Gradients are cast to the variable's dtype, as Keras does.
     ``packs``: a ``_packs.PackCache`` to take the groups' member packs from (None: lists).
     Slots of one group op share one dtype: compact slots go to groups of their own.
-    Returns the ops (graph mode) or [] (eager).
+    ``stochastic_rounding`` with ``rounding_seed``: as ``apply``.
+    Returns {variable's ref: its group's op} (graph mode; eager: {}).
     """
     groups = {}
     for variable, slots, grad in updates:
@@ -159,8 +170,9 @@ def apply_group(rule, updates, hyper_for, options=None, use_locking=False, packs
         groups.setdefault(key, []).append((variable, slots, grad))
     op = getattr(ops, "resource_group_apply_" + rule)
     packed_op = getattr(ops, "resource_packed_group_apply_" + rule)
-    results = []
-    options = {**dict(options or {}), "stochastic_rounding": stochastic_rounding}
+    results = {}
+    options = {**dict(options or {}), "stochastic_rounding": stochastic_rounding,
+               "rounding_seed": rounding_seed}
     for (dtype, device, _), members in groups.items():
         n_slots = len(members[0][1])
         state = [[m[0] for m in members]] + [[m[1][k] for m in members] for k in range(n_slots)]
@@ -174,5 +186,5 @@ def apply_group(rule, updates, hyper_for, options=None, use_locking=False, packs
                 result = op(*state, **hyper_for(members[0][0]), grad=grads,
                             use_locking=use_locking, **options)
         if result is not None:
-            results.append(result)
+            results.update((m[0].ref(), result) for m in members)
     return results

@@ -24,7 +24,9 @@ _FLOATS = (tf.float32, tf.bfloat16, tf.float16)
 def _keras_slot_lists():
     """The attribute names under which Keras 3 optimizers keep their slot lists (e.g.
     ``_momentums``): checkpoint children of the optimizer."""
-    return {attr for _, spec in rules.front_end_specs("KERAS") for attr in spec.slots}
+    specs = [spec for _, spec in rules.front_end_specs("KERAS")]
+    specs += [spec for _, spec in rules.variant_specs("KERAS").values()]
+    return {attr for spec in specs for attr in spec.slots}
 
 
 def slot_keys(path):

@@ -7,7 +7,7 @@ variable and its slots (``tf.Variable`` objects for the ``resource_*`` ops; ref 
 ``tf.compat.v1.Variable(use_resource=False)`` in graph mode — for the others), the
 hyper-parameters (Python numbers or tensors; cast to the variable's dtype) and the
 gradient, in the op's input order; then ``use_locking``, the rule's options and ``name``,
-and keyword-only ``stochastic_rounding``.
+and keyword-only ``stochastic_rounding`` and ``rounding_seed``.
 Sparse wrappers also take ``indices``: ``grad`` then has shape ``[N] + var.shape[1:]``;
 duplicate indices are summed before each named row is updated once, and rows not named
 are left untouched (lazy updates).
@@ -30,9 +30,13 @@ instruction set) is in ``fusedopt.runtime``; the functions are also here, as bef
 Slots are tf.Variables of the variable's dtype or, for a float32 variable, all of
 ``bfloat16`` or all of ``float16`` (compact slots: the update computes in float32 and rounds
 each slot once on store, to nearest even, or with ``stochastic_rounding=True``
-stochastically, from bits hashed from the stored value and the variable's old element:
-deterministic, the same on CPU, GPU and XLA's custom call; XLA's HLO path where it
-contracts no multiply-add into an FMA).
+stochastically, from bits hashed from the stored value, the variable's old element and
+``rounding_seed``: deterministic, the same on CPU, GPU and XLA's custom call; XLA's HLO path
+where it contracts no multiply-add into an FMA). Stochastic rounding needs
+``rounding_seed``, an int64 scalar (number or tensor) that changes every call, such as the
+step number: without a fresh seed an element that does not change (a learning rate of 0,
+an update below half a 16-bit step, a repeated gradient) would round the same way every
+step, which is a bias. The front ends pass their step counter.
 
 Updates happen in place. Resource wrappers return the op (graph mode) or None (eager);
 ref wrappers return the updated variable's ref tensor, as TF's ``Apply*`` ops do.
@@ -40,6 +44,7 @@ Bad input raises ``tf.errors.InvalidArgumentError`` and leaves every variable as
 """
 import inspect
 
+import numpy as np
 import tensorflow as tf
 
 from fusedopt import _loader, _pack_registry, rules
@@ -105,12 +110,35 @@ def _as_dtype(value, dtype):
 
 # Plain graph-building code: autograph has nothing to convert here (and converting the
 # loader inside a tf.function only produces warnings).
+def _rounding_seed(stochastic_rounding, rounding_seed):
+    """The ops' rounding_seed input: [seed as an int64 tensor] with stochastic rounding,
+    [] without (a seed given there is ignored, as the rounding is to nearest)."""
+    if not isinstance(stochastic_rounding, (bool, np.bool_)):
+        raise TypeError(f"stochastic_rounding must be a bool, got {stochastic_rounding!r}")
+    if not stochastic_rounding:
+        return []
+    if rounding_seed is None:
+        raise ValueError(
+            "stochastic_rounding=True needs rounding_seed: an int64 scalar that changes every "
+            "call, such as the step number (without one, an element that does not change "
+            "would round the same way every step, a bias)")
+    if isinstance(rounding_seed, (bool, np.bool_)) or (
+            isinstance(rounding_seed, (float, np.floating))):
+        raise TypeError(f"rounding_seed must be an integer (int64), got {rounding_seed!r}")
+    seed = tf.convert_to_tensor(rounding_seed, dtype_hint=tf.int64)
+    if not seed.dtype.is_integer:
+        raise TypeError(f"rounding_seed must be an integer (int64), got dtype {seed.dtype.name}")
+    return [seed if seed.dtype == tf.int64 else tf.cast(seed, tf.int64)]
+
+
 @tf.autograph.experimental.do_not_convert
 def _apply(rule, variant, var, slots, hyper, grad, indices, use_locking, options, name,
-           stochastic_rounding=False):
+           stochastic_rounding=False, rounding_seed=None):
     spec = RULES[rule]
     resource = variant.startswith("resource")
-    options = {**options, "stochastic_rounding": bool(stochastic_rounding)}
+    seed = _rounding_seed(stochastic_rounding, rounding_seed)
+    options = {**options, "stochastic_rounding": bool(stochastic_rounding),
+               "rounding_seed": seed}
     if variant == GROUP_VARIANT:
         return _apply_group(rule, var, slots, hyper, grad, use_locking, options, name)
     if variant == PACKED_GROUP_VARIANT:
@@ -215,8 +243,8 @@ _VARIANT_DOCS = {
 
 def _make_wrapper(rule, variant):
     """``<variant>_<rule>(var, *slots, *hyper, grad, [indices], use_locking=False,
-    **options, name=None, *, stochastic_rounding=False)`` with a real signature (help(),
-    inspect, IDEs)."""
+    **options, name=None, *, stochastic_rounding=False, rounding_seed=None)`` with a real
+    signature (help(), inspect, IDEs)."""
     spec = RULES[rule]
     sparse = variant.endswith("sparse_apply")
     packed = variant == PACKED_GROUP_VARIANT
@@ -232,17 +260,18 @@ def _make_wrapper(rule, variant):
         if packed:
             return _apply(rule, variant, a["pack"], [], [a[h] for h in spec["hyper"]],
                           a["grad"], None, a["use_locking"], {o: a[o] for o in spec["options"]},
-                          a["name"], a["stochastic_rounding"])
+                          a["name"], a["stochastic_rounding"], a["rounding_seed"])
         return _apply(rule, variant, a["var"], [a[s] for s in spec["slots"]],
                       [a[h] for h in spec["hyper"]], a["grad"], a.get("indices"),
                       a["use_locking"], {o: a[o] for o in spec["options"]}, a["name"],
-                      a["stochastic_rounding"])
+                      a["stochastic_rounding"], a["rounding_seed"])
 
     P = inspect.Parameter
     wrapper.__signature__ = inspect.Signature(
         [P(n, P.POSITIONAL_OR_KEYWORD) for n in positional]
         + [P(n, P.POSITIONAL_OR_KEYWORD, default=d) for n, d in keyword]
-        + [P("stochastic_rounding", P.KEYWORD_ONLY, default=False)])
+        + [P("stochastic_rounding", P.KEYWORD_ONLY, default=False),
+           P("rounding_seed", P.KEYWORD_ONLY, default=None)])
     wrapper.__name__ = wrapper.__qualname__ = f"{variant}_{rule}"
     wrapper.__doc__ = (f"{spec['op_name']} {_VARIANT_DOCS[variant]}.\n\n"
                        f"``{rules.module(rule).MATH}``\n\n"

@@ -36,21 +36,27 @@ def _per_row(rule, k):
     return RULES[rule]["slot_layouts"][RULES[rule]["slots"][k]] == "per_row"
 
 
-def row_salts(var):
-    """SaltBits of each row's first element (a per-row slot's salt; 0 for empty rows)."""
+# The calls' rounding seed where a test gives one: both halves of 64 bits in use.
+SEED = 0x1234_5678_9ABC_DEF0
+
+
+def row_salts(var, seed=0):
+    """SaltBits of each row's first element (a per-row slot's salt; 0 for empty rows), with
+    the call's salt."""
     num_rows = var.shape[0] if var.ndim else 1
     rows = var.reshape(num_rows, var.size // num_rows if num_rows else 0)
     if rows.shape[1] == 0:
-        return np.zeros(rows.shape[0], np.uint64)
-    return compact.float_bits(rows[:, 0].astype(np.float32))
+        return np.zeros(rows.shape[0], np.uint64) ^ compact.call_salt(seed)
+    return compact.element_salt(rows[:, 0].astype(np.float32), seed)
 
 
-def expected(rule, var_before, out32, slot_dtype, stochastic):
+def expected(rule, var_before, out32, slot_dtype, stochastic, seed=0):
     """The float32-slot update's results, its slots stored as numeric.h stores them."""
-    salt = compact.float_bits(np.asarray(var_before, np.float32))
+    salt = compact.element_salt(np.asarray(var_before, np.float32), seed)
     out = [out32[0]]
     for k, slot in enumerate(out32[1]):
-        slot_salt = row_salts(var_before).reshape(slot.shape) if _per_row(rule, k) else salt
+        slot_salt = (row_salts(var_before, seed).reshape(slot.shape) if _per_row(rule, k)
+                     else salt)
         out.append(compact.round_slot(slot, slot_dtype, stochastic, slot_salt, k))
     return out[0], out[1:]
 
@@ -101,9 +107,10 @@ def test_compact_update_is_the_float32_update_rounded_once(rule, sparse, slot_dt
     hyper = harness.hyper_for(rule, "float", 3)
     indices = INDICES if sparse else None
     grad = harness.make_grad((len(INDICES),) + SHAPE[1:] if sparse else SHAPE, "float", rng)
-    got = _run(rule, var, slots, grad, hyper, {}, indices, stochastic_rounding=stochastic)
+    got = _run(rule, var, slots, grad, hyper, {}, indices, stochastic_rounding=stochastic,
+               rounding_seed=SEED)
     out32 = _run(rule, var, [s.astype(np.float32) for s in slots], grad, hyper, {}, indices)
-    _check(rule, got, expected(rule, var, out32, dt, stochastic))
+    _check(rule, got, expected(rule, var, out32, dt, stochastic, SEED))
     _check_against_float64(rule, var, slots, grad, hyper, {}, indices, got, dt)
     if sparse:  # rows not named: not a bit changed
         untouched = np.setdiff1d(np.arange(SHAPE[0]), INDICES)
@@ -202,6 +209,68 @@ def test_stochastic_rounding_is_unbiased(slot_dtype, spacing, g):
     assert abs(nearest.mean() - x) > 40 * standard_error
 
 
+@pytest.mark.parametrize("seed", [0, 1, -1, 2 ** 63 - 1, -(2 ** 63), 2 ** 64 - 1, SEED])
+def test_rounding_seed_enters_every_salt(seed):
+    """Any 64-bit seed (an int64's range, or its unsigned bits) salts every element's and
+    every row's stores as the NumPy model of numeric.h's CallSalt says."""
+    dt = SLOT_DTYPES["bfloat16"]
+    for rule in ("adagrad", "row_wise_adagrad"):
+        rng, var, slots = _state(rule, dt, 7, shape=(9, 35))
+        hyper = harness.hyper_for(rule, "float", 1)
+        grad = harness.make_grad((9, 35), "float", rng)
+        got = _run(rule, var, slots, grad, hyper, {}, stochastic_rounding=True,
+                   rounding_seed=seed)
+        out32 = _run(rule, var, [s.astype(np.float32) for s in slots], grad, hyper, {})
+        _check(rule, got, expected(rule, var, out32, dt, True, seed))
+
+
+def test_rounding_seed_changes_the_decisions_and_only_it():
+    """The same seed: the same bits; another seed: other decisions (the same neighbours)."""
+    dt = SLOT_DTYPES["bfloat16"]
+    rng, var, slots = _state("lazy_adam", dt, 8, shape=(50, 40))
+    hyper = harness.hyper_for("lazy_adam", "float", 1)
+    grad = harness.make_grad((50, 40), "float", rng)
+    runs = [_run("lazy_adam", var, slots, grad, hyper, {}, stochastic_rounding=True,
+                 rounding_seed=seed) for seed in (5, 5, 6)]
+    _check("lazy_adam", runs[1], runs[0])
+    assert any((_bits(a) != _bits(b)).any() for a, b in zip(runs[0][1], runs[2][1]))
+    for a, b in zip(runs[0][1], runs[2][1]):  # both within one step of each other
+        assert np.all(np.abs(a.astype(np.float64) - b.astype(np.float64))
+                      <= np.abs(a.astype(np.float64)) * 2.0 ** -7 + 1e-30)
+
+
+@pytest.mark.parametrize("why", ["lr_zero", "below_half_a_step"])
+def test_stochastic_rounding_is_unbiased_where_nothing_moves(why):
+    """The bias the seed removes: an accumulator of 1.0 in bfloat16 (steps of 2^-7) growing
+    by g^2 = 1/640 a step, a repeated gradient, where var does not move (lr = 0) or moves by
+    less than its own rounding (lr tiny): with the step as seed it grows by the exact sum in
+    expectation; with one seed for every step each element takes the same decision every
+    step (all up or none), a bias."""
+    n, steps = 2048, 96
+    g = np.float32(np.sqrt(1 / 640))
+    grad = np.full(n, g, np.float32)
+    lr = 0.0 if why == "lr_zero" else 1e-30
+    exact = steps * float(np.float32(g) * np.float32(g))
+
+    def grow(seed_of_step):
+        var = np.linspace(-1, 1, n).astype(np.float32)
+        acc = np.ones(n, ml_dtypes.bfloat16)
+        before = var.copy()
+        for step in range(steps):
+            _core.apply_dense("adagrad", var, [acc], grad, {"lr": lr, "epsilon": 0.0},
+                              stochastic_rounding=True, rounding_seed=seed_of_step(step))
+        assert np.array_equal(var, before)  # var never moved
+        return acc.astype(np.float64) - 1.0
+
+    fresh = grow(lambda step: step)
+    # Each element's growth: a sum of `steps` independent small chances.
+    assert abs(fresh.mean() - exact) < 0.05 * exact, (fresh.mean(), exact)
+    stuck = grow(lambda step: 7)
+    # One seed: an element's decision at 1.0 repeats until it first rounds up, so the
+    # elements split into those that never moved and those that climbed every step.
+    assert abs(stuck.mean() - exact) > 0.25 * exact, (stuck.mean(), exact)
+
+
 def test_stochastic_rounding_keeps_small_increments_nearest_drops():
     """An accumulator of 1.0 in bfloat16 (steps of 2^-7) growing by g^2 = 2^-10 a step: to
     nearest it never moves; stochastically it grows by ~2^-10 a step on average."""
@@ -211,9 +280,9 @@ def test_stochastic_rounding_keeps_small_increments_nearest_drops():
     for stochastic in (False, True):
         var = np.linspace(-1, 1, n).astype(np.float32)
         acc = np.ones(n, ml_dtypes.bfloat16)
-        for _ in range(steps):
+        for step in range(steps):
             _core.apply_dense("adagrad", var, [acc], grad, {"lr": 1e-3, "epsilon": 0.0},
-                              stochastic_rounding=stochastic)
+                              stochastic_rounding=stochastic, rounding_seed=step)
         grown[stochastic] = acc.astype(np.float64).mean() - 1.0
     assert grown[False] == 0.0
     assert abs(grown[True] - steps * 2.0 ** -10) < 0.1 * steps * 2.0 ** -10, grown[True]

@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 import compact
+import front_ends
 import numpy_reference as npref
 
 import fusedopt.compat.v1 as fv1
@@ -24,15 +25,18 @@ from fusedopt import rules, runtime
 
 keras = tf.keras
 KERAS3 = hasattr(keras.optimizers.Optimizer, "stateless_apply")
-SPECS = dict(rules.front_end_specs("KERAS"))
-V1_SPECS = dict(rules.front_end_specs("COMPAT_V1"))
+SPECS = front_ends.specs("KERAS")
+V1_SPECS = front_ends.specs("COMPAT_V1")
+KERAS_CLASSES = {rule: name for rule, (name, _) in front_ends.cases("KERAS").items()}
+V1_CLASSES = {rule: name for rule, (name, _) in front_ends.cases("COMPAT_V1").items()}
+LEGACY_CLASSES = {rule: name for rule, (name, _) in front_ends.cases("LEGACY").items()}
 NP = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 ROWS, WIDTH = 12, 5
 
 
 def _keras(rule, **kwargs):
     extra = npref.ORACLES[rule].KERAS_KWARGS
-    return getattr(fk, SPECS[rule].name)(**{**extra, "learning_rate": 0.05, **kwargs})
+    return getattr(fk, KERAS_CLASSES[rule])(**{**extra, "learning_rate": 0.05, **kwargs})
 
 
 def _slots(opt, variable, rule):
@@ -82,7 +86,7 @@ def test_keras_first_step_is_the_float32_step_with_rounded_slots(rule, sparse, s
     opt.apply_gradients([(_grad(sparse), compact_var)])
     full.apply_gradients([(_grad(sparse), full_var)])
     np.testing.assert_array_equal(_bits(compact_var.numpy()), _bits(full_var.numpy()))
-    salt = compact.float_bits(start)
+    salt = compact.element_salt(start, 0)  # the first step: iterations 0 seeds the rounding
     for k, (a, b) in enumerate(zip(_slots(opt, compact_var, rule), _slots(full, full_var, rule))):
         want = compact.round_slot(np.asarray(b), NP[slot_dtype], stochastic,
                                   salt[:, 0] if _per_row(rule, k) else salt, k)
@@ -200,7 +204,8 @@ def _v1(rule, **kwargs):
     spec = V1_SPECS[rule]
     names = [name for name, _ in spec.signature]
     args = {"learning_rate": 0.05} if "learning_rate" in names else {}
-    return getattr(fv1, spec.name)(**args, **kwargs)
+    args.update(getattr(npref.ORACLES[rule], "VARIANT_KWARGS", {}))
+    return getattr(fv1, V1_CLASSES[rule])(**args, **kwargs)
 
 
 @pytest.mark.parametrize("resource", [True, False], ids=["resource", "ref"])
@@ -251,12 +256,12 @@ def test_compat_v1_signature_and_refusal():
 
 import fusedopt.keras.legacy as fl  # noqa: E402
 
-LEGACY_SPECS = dict(rules.front_end_specs("LEGACY"))
+LEGACY_SPECS = front_ends.specs("LEGACY")
 
 
 def _legacy(rule, **kwargs):
     extra = npref.ORACLES[rule].KERAS_KWARGS
-    return getattr(fl, LEGACY_SPECS[rule].name)(**{**extra, "learning_rate": 0.05, **kwargs})
+    return getattr(fl, LEGACY_CLASSES[rule])(**{**extra, "learning_rate": 0.05, **kwargs})
 
 
 @pytest.mark.parametrize("stochastic", [False, True], ids=["nearest", "stochastic"])
@@ -277,7 +282,7 @@ def test_legacy_first_step_is_the_float32_step_with_rounded_slots(rule, sparse, 
     opt.apply_gradients([(_grad(sparse), compact_var)])
     full.apply_gradients([(_grad(sparse), full_var)])
     np.testing.assert_array_equal(_bits(compact_var.numpy()), _bits(full_var.numpy()))
-    salt = compact.float_bits(start)
+    salt = compact.element_salt(start, 0)  # the first step: iterations 0 seeds the rounding
     for k, name in enumerate(names):
         a, b = opt.get_slot(compact_var, name), full.get_slot(full_var, name)
         want = compact.round_slot(b.numpy(), ml_dtypes.bfloat16, stochastic,
@@ -295,3 +300,36 @@ def test_legacy_config_and_refusals():
     wide = tf.Variable(np.ones((3, 2), np.float64))
     opt._create_all_weights([wide])
     assert opt.get_slot(wide, LEGACY_SPECS["adagrad"].slots[0]).dtype.base_dtype == tf.float64
+
+
+# --- stochastic rounding seeded by the step: unbiased where nothing moves ---------------
+
+@pytest.mark.parametrize("front_end", ["keras", "legacy", "compat_v1"])
+def test_front_ends_seed_each_step_so_rounding_is_unbiased(front_end):
+    """Adagrad with a learning rate of 0 (var never moves) and a repeated gradient,
+    accumulators of 1.0 in bfloat16 growing by g^2 = 1/640 a step (a fifth of a bfloat16
+    step): each front end seeds the rounding with its step counter, so the accumulators
+    grow by the exact sum on average (a fixed seed would leave most of them at 1.0)."""
+    n, steps = 1024, 64
+    start = np.linspace(-1, 1, n).astype(np.float32)
+    var = tf.Variable(start)
+    grad = tf.constant(np.full(n, np.sqrt(1 / 640), np.float32))
+    kwargs = dict(initial_accumulator_value=1.0, slot_dtype="bfloat16",
+                  stochastic_rounding=True)
+    if front_end == "keras":
+        opt = fk.Adagrad(learning_rate=0.0, **kwargs)
+    elif front_end == "legacy":
+        opt = fl.Adagrad(learning_rate=0.0, **kwargs)
+    else:
+        opt = fv1.AdagradOptimizer(0.0, **kwargs)
+    for _ in range(steps):
+        opt.apply_gradients([(grad, var)])
+    if front_end == "keras":
+        acc = opt._accumulators[0]
+    else:
+        acc = opt.get_slot(var, "accumulator")
+    assert acc.dtype == tf.bfloat16
+    np.testing.assert_array_equal(var.numpy(), start)
+    exact = steps * float(grad[0] * grad[0])
+    growth = acc.numpy().astype(np.float64).mean() - 1.0
+    assert abs(growth - exact) < 0.06 * exact, (growth, exact)

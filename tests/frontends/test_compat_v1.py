@@ -27,9 +27,15 @@ DTYPES = {"half": tf.float16, "float": tf.float32, "double": tf.float64}
 # Every rule's COMPAT_V1 spec, and the tables the tests read from it: our class, TF's
 # class it reproduces (where TF has one), TF's slot names, the non-slot powers, the op
 # name suffix, and constructor arguments large enough to matter at half precision.
-SPECS = dict(rules.front_end_specs("COMPAT_V1"))
+# Settings that run a rule of their own (RMSPropOptimizer(centered=True)) are tested as
+# that rule: its spec, the class that takes the setting (VARIANT_OF) and the setting in its
+# oracle's COMPAT_V1_KWARGS.
+_CLASS_SPECS = dict(rules.front_end_specs("COMPAT_V1"))
+VARIANT_OF = {variant: rule for rule, spec in _CLASS_SPECS.items()
+              for _, variant in spec.variants}
+SPECS = {**_CLASS_SPECS, **{rule: rules.module(rule).COMPAT_V1 for rule in VARIANT_OF}}
 ALL_RULES = tuple(SPECS)
-OURS = {rule: getattr(fv1, spec.name) for rule, spec in SPECS.items()}
+OURS = {rule: getattr(fv1, SPECS[VARIANT_OF.get(rule, rule)].name) for rule in SPECS}
 TFS = {rule: getattr(tf.compat.v1.train, spec.anchor) for rule, spec in SPECS.items()
        if spec.anchor}
 SLOTS = {rule: tuple(name for name, _ in spec.slots) for rule, spec in SPECS.items()}
@@ -247,6 +253,22 @@ class NumbersTest(tf.test.TestCase, parameterized.TestCase):
                         "adagrad")
         check_op_types(self, types, "adagrad", mode, sparse)
         assert_states_close(self, ours, theirs, dtype, "adagrad")
+        self.assertNotAllClose(ours[-1]["var0"], var0s[0])
+
+    @parameterized.product(centered=(False, True), mode=MODES, dtype=sorted(DTYPES),
+                           sparse=(False, True))
+    def test_rms_prop_equals_tf_rms_prop(self, centered, mode, dtype, sparse):
+        """Every setting of tf.compat.v1.train.RMSPropOptimizer, centered included (its own
+        rule: a third slot, mg)."""
+        rule = "centered_rms_prop" if centered else "rms_prop"
+        index_dtype = np.int64 if mode == "graph_resource" else np.int32
+        var0s, steps = make_problem(dtype, sparse=sparse, index_dtype=index_dtype)
+        h = dict(HYPER["rms_prop"], centered=centered)
+        ours, types = run(mode, lambda: fv1.RMSPropOptimizer(**h), var0s, steps, rule)
+        theirs, _ = run(mode, lambda: tf.compat.v1.train.RMSPropOptimizer(**h), var0s, steps,
+                        rule)
+        check_op_types(self, types, rule, mode, sparse)
+        assert_states_close(self, ours, theirs, dtype, rule)
         self.assertNotAllClose(ours[-1]["var0"], var0s[0])
 
     def _check_against_numpy(self, rule, mode, dtype, sparse, index_dtype=np.int32, opt_kwargs=None,

@@ -17,11 +17,12 @@ KERAS3 = hasattr(keras.optimizers.Optimizer, "stateless_apply")  # Keras 3 (not 
 
 import fusedopt.keras as fk
 from fusedopt import ops, rules
+import front_ends
 
 # rule -> its KERAS spec and fusedopt class, for every rule; (fusedopt class, the Keras class
 # it replaces) for the rules Keras has (NEW: fusedopt's own classes, tests at the end).
-SPECS = dict(rules.front_end_specs("KERAS"))
-CLASSES = {rule: getattr(fk, spec.name) for rule, spec in SPECS.items()}
+SPECS = front_ends.specs("KERAS")  # centered RMSprop through RMSprop(centered=True)
+CLASSES = front_ends.classes("KERAS", fk)
 PAIRS = {rule: (CLASSES[rule], getattr(keras.optimizers, spec.base))
          for rule, spec in SPECS.items() if spec.base is not None}
 NEW = sorted(set(CLASSES) - set(PAIRS))

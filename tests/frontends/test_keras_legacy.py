@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import harness
+import front_ends
 import numpy_reference as npref
 
 TF_VERSION = tuple(int(x) for x in tf.__version__.split(".")[:2])
@@ -36,8 +37,8 @@ else:
     K = fl._keras  # tf.keras on TF 2.15; tf_keras on TF >= 2.16
     # rule -> its LEGACY spec and fusedopt class; (fusedopt class, the Keras 2 class it
     # replaces) for the rules Keras 2 has (NEW: fusedopt's own classes, tests at the end).
-    SPECS = dict(rules.front_end_specs("LEGACY"))
-    CLASSES = {rule: getattr(fl, spec.name) for rule, spec in SPECS.items()}
+    SPECS = front_ends.specs("LEGACY")
+    CLASSES = front_ends.classes("LEGACY", fl)
     PAIRS = {rule: (CLASSES[rule], getattr(K.optimizers.legacy, spec.base))
              for rule, spec in SPECS.items() if spec.base is not None}
     NEW = sorted(set(CLASSES) - set(PAIRS))

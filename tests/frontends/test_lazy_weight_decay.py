@@ -13,14 +13,15 @@ import pytest
 import tensorflow as tf
 
 import harness
+import front_ends
 import numpy_reference as npref
 
 import fusedopt.keras as fk
 from fusedopt import rules
 
 keras = tf.keras
-SPECS = dict(rules.front_end_specs("KERAS"))
-CLASSES = {rule: getattr(fk, spec.name) for rule, spec in SPECS.items()}
+SPECS = front_ends.specs("KERAS")
+CLASSES = front_ends.classes("KERAS", fk)
 REPLACED = {rule: getattr(keras.optimizers, spec.base)
             for rule, spec in SPECS.items() if spec.base is not None}
 WD, LR = 0.1, 0.05

@@ -162,13 +162,15 @@ def group_to_device(members, unaligned=()):
 
 
 def run_gpu(rule, dtype, var, slots, grad, hyper, options, indices=None, stream=0,
-            stochastic_rounding=False):
+            stochastic_rounding=False, rounding_seed=0):
     """Device copies, one call, results on the host. Slots keep their host dtype (compact
     slots: bfloat16/float16 beside a float32 var)."""
     dvar, dslots, dgrad = to_device(var), [to_device(s) for s in slots], to_device(grad)
     kw = dict(options=options, stream=stream, dtype=dtype_arg(dtype))
     if slot_dtype_arg(var, slots) or stochastic_rounding:  # older modules lack the keywords
         kw.update(slot_dtype=slot_dtype_arg(var, slots), stochastic_rounding=stochastic_rounding)
+    if rounding_seed:
+        kw.update(rounding_seed=rounding_seed)
     if indices is None:
         core_cuda.apply_dense(rule, dvar, dslots, dgrad, hyper, **kw)
     else:

@@ -31,12 +31,16 @@ def _per_row(rule, k):
     return spec["slot_layouts"][spec["slots"][k]] == "per_row"
 
 
-def _row_salts(var):
+# The calls' rounding seed: both 32-bit halves in use, negative as an int64.
+SEED = -0x7654_3210_0123_4567
+
+
+def _row_salts(var, seed):
     num_rows = var.shape[0] if var.ndim else 1
     rows = var.reshape(num_rows, var.size // num_rows if num_rows else 0)
     if rows.shape[1] == 0:
-        return np.zeros(rows.shape[0], np.uint64)
-    return compact.float_bits(rows[:, 0].astype(np.float32))
+        return np.zeros(rows.shape[0], np.uint64) ^ compact.call_salt(seed)
+    return compact.element_salt(rows[:, 0].astype(np.float32), seed)
 
 
 def compact_state(rule, slot_dtype, shape, rng, grad_rows=None):
@@ -46,15 +50,15 @@ def compact_state(rule, slot_dtype, shape, rng, grad_rows=None):
     return var, [s.astype(np_dtype(slot_dtype)) for s in slots], grad
 
 
-def model(rule, var, slots, grad, hyper, options, indices=None, stochastic=False):
+def model(rule, var, slots, grad, hyper, options, indices=None, stochastic=False, seed=SEED):
     """The CPU engine with float32 slots (the widened values), slots then stored as
-    numeric.h stores them."""
+    numeric.h stores them (stochastically with the call's seed)."""
     out_var, out32 = run_cpu(rule, var, [s.astype(np.float32) for s in slots], grad, hyper,
                              options, indices)
-    salt = compact.float_bits(var)
+    salt = compact.element_salt(var, seed)
     rounded = []
     for k, (slot, before) in enumerate(zip(out32, slots)):
-        slot_salt = _row_salts(var).reshape(slot.shape) if _per_row(rule, k) else salt
+        slot_salt = _row_salts(var, seed).reshape(slot.shape) if _per_row(rule, k) else salt
         rounded.append(compact.round_slot(slot, before.dtype, stochastic, slot_salt, k))
     return out_var, rounded
 
@@ -71,7 +75,7 @@ def check_all(rule, what, gpu, cpu, want):
 def test_dense_equals_cpu(rule, slot_dtype, stochastic):
     rng = np.random.default_rng(21)
     var, slots, grad = compact_state(rule, slot_dtype, (1001, 37), rng)  # odd: vector tail
-    hyper, kw, options = HYPER[rule], dict(stochastic_rounding=stochastic), {}
+    hyper, kw, options = HYPER[rule], dict(stochastic_rounding=stochastic, rounding_seed=SEED), {}
     check_all(rule, f"{slot_dtype} dense",
               run_gpu(rule, "float32", var, slots, grad, hyper, options, **kw),
               run_cpu(rule, var, slots, grad, hyper, options, **kw),
@@ -87,7 +91,7 @@ def test_dense_packs_need_every_buffer_aligned(shift, slot_dtype):
     rule = "lazy_adam"
     rng = np.random.default_rng(22)
     var, slots, grad = compact_state(rule, slot_dtype, (4099,), rng)
-    kw = dict(stochastic_rounding=True)
+    kw = dict(stochastic_rounding=True, rounding_seed=SEED)
     want = run_cpu(rule, var, slots, grad, HYPER[rule], {}, **kw)
 
     def shifted(a, by):  # same values, device pointer `by` elements past a 16-byte boundary
@@ -113,7 +117,7 @@ def test_sparse_with_duplicates_and_hot_rows_equals_cpu(rule, slot_dtype, stocha
     indices = np.concatenate([rng.integers(0, rows, 2000), np.full(40, 17), np.full(1500, 3)])
     indices = rng.permutation(indices).astype(index_type)
     var, slots, grad = compact_state(rule, slot_dtype, (rows, 33), rng, grad_rows=indices.size)
-    hyper, kw = HYPER[rule], dict(stochastic_rounding=stochastic)
+    hyper, kw = HYPER[rule], dict(stochastic_rounding=stochastic, rounding_seed=SEED)
     gpu = run_gpu(rule, "float32", var, slots, grad, hyper, {}, indices, **kw)
     check_all(rule, f"{slot_dtype} sparse", gpu,
               run_cpu(rule, var, slots, grad, hyper, {}, indices, **kw),
@@ -136,7 +140,7 @@ def test_per_row_slot_salts_on_every_row_width(rule, row_shape):
     for idx in (None, indices):
         var, slots, grad = compact_state(rule, "bfloat16", (rows,) + row_shape, rng,
                                          grad_rows=None if idx is None else idx.size)
-        kw = dict(stochastic_rounding=True)
+        kw = dict(stochastic_rounding=True, rounding_seed=SEED)
         check_all(rule, f"rows {row_shape}",
                   run_gpu(rule, "float32", var, slots, grad, HYPER[rule], {}, idx, **kw),
                   run_cpu(rule, var, slots, grad, HYPER[rule], {}, idx, **kw),
@@ -153,7 +157,7 @@ def test_16bit_variables_round_their_slots_stochastically_too(rule, var_dtype):
     for idx in (None, indices):
         var, slots, grad = make_state(rule, var_dtype, (300, 19), rng,
                                       grad_rows=None if idx is None else idx.size)
-        kw = dict(stochastic_rounding=True)
+        kw = dict(stochastic_rounding=True, rounding_seed=SEED)
         gpu = run_gpu(rule, var_dtype, var, slots, grad, HYPER[rule], {}, idx, **kw)
         check_same(rule, var_dtype, gpu, run_cpu(rule, var, slots, grad, HYPER[rule], {}, idx,
                                                  **kw))
@@ -182,7 +186,7 @@ def _run_group(rule, members, hyper, options, unaligned=(), **kw):
 def test_group_equals_cpu_per_variable(rule, slot_dtype, stochastic):
     rng = np.random.default_rng(26)
     members = [compact_state(rule, slot_dtype, shape, rng) for shape in SHAPES]
-    hyper, kw, options = HYPER[rule], dict(stochastic_rounding=stochastic), {}
+    hyper, kw, options = HYPER[rule], dict(stochastic_rounding=stochastic, rounding_seed=SEED), {}
     got = _run_group(rule, members, hyper, options, **kw)
     for i, ((var, slots, grad), result) in enumerate(zip(members, got)):
         check_all(rule, f"{slot_dtype} member {i}", result,

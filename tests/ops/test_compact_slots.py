@@ -43,19 +43,23 @@ def _inputs(rule, sparse, np_slot, seed=0):
     return var, slots, hyper, grad, indices
 
 
-def _run(rule, sparse, var, slots, hyper, grad, indices, stochastic=False):
+SEED = -0x0F1E_2D3C_4B5A_6978  # the calls' rounding seed: negative, both halves in use
+
+
+def _run(rule, sparse, var, slots, hyper, grad, indices, stochastic=False, seed=SEED):
     vs = [tf.Variable(var)] + [tf.Variable(s) for s in slots]
     variant = "resource_sparse_apply" if sparse else "resource_apply"
     args = [vs[0], *vs[1:], *[hyper[h] for h in RULES[rule]["hyper"]], grad]
     if sparse:
         args.append(indices)
-    getattr(ops, f"{variant}_{rule}")(*args, stochastic_rounding=stochastic)
+    getattr(ops, f"{variant}_{rule}")(*args, stochastic_rounding=stochastic,
+                                       rounding_seed=seed if stochastic else None)
     return [v.numpy() for v in vs]
 
 
-def _expected(rule, var, out32, np_slot, stochastic):
+def _expected(rule, var, out32, np_slot, stochastic, seed=SEED):
     """The float32-slot run's results with its slots stored as numeric.h stores them."""
-    salt = compact.float_bits(var)
+    salt = compact.element_salt(var, seed)
     out = [out32[0]]
     for k, slot in enumerate(out32[1:]):
         slot_salt = salt[:, 0] if _per_row(rule, k) else salt
@@ -98,8 +102,9 @@ def test_stochastic_rounding_keeps_small_increments_nearest_drops():
     for stochastic in (False, True):
         var = tf.Variable(np.linspace(-1, 1, n).astype(np.float32))
         acc = tf.Variable(np.ones((n,), ml_dtypes.bfloat16))
-        for _ in range(steps):
-            ops.resource_apply_adagrad(var, acc, 1e-3, 0.0, g, stochastic_rounding=stochastic)
+        for step in range(steps):
+            ops.resource_apply_adagrad(var, acc, 1e-3, 0.0, g, stochastic_rounding=stochastic,
+                                       rounding_seed=step if stochastic else None)
         results[stochastic] = acc.numpy().astype(np.float64)
     assert np.all(results[False] == 1.0)
     growth = results[True].mean() - 1.0
@@ -124,7 +129,7 @@ def test_group_op_with_compact_slots(rule):
     state += [[tf.Variable(m[1][k]) for m in members] for k in range(n_slots)]
     getattr(ops, "resource_group_apply_" + rule)(
         *state, *[hyper[h] for h in RULES[rule]["hyper"]], [m[3] for m in members],
-        stochastic_rounding=True)
+        stochastic_rounding=True, rounding_seed=tf.constant(SEED, tf.int64))
     for i, (var, slots, _, grad, _) in enumerate(members):
         out32 = _run(rule, False, var, [s.astype(np.float32) for s in slots], hyper, grad, None)
         want = _expected(rule, var, out32, np_slot, True)
@@ -192,3 +197,101 @@ def test_float64_slots_of_a_float32_variable_are_refused():
     _refused("adagrad", var, [np.ones((4, 3), np.float64)],
              r"accum has dtype double but the update is for float \(slots may be "
              r"float, bfloat16 or half\)")
+
+
+# --- the rounding seed -------------------------------------------------------------------
+
+
+def test_stochastic_rounding_is_unbiased_where_var_does_not_move():
+    """Adagrad with lr = 0 and a repeated gradient (var never moves), accumulators of 1.0 in
+    bfloat16 growing by g^2 = 1/640 a step: with the step as the seed the mean growth is the
+    exact sum; with the same seed every step each element repeats its decision (a bias)."""
+    n, steps = 2048, 96
+    g = np.full((n,), np.sqrt(1 / 640), np.float32)
+    exact = steps * float(g[0] * g[0])
+
+    def grow(seed_of_step):
+        var = tf.Variable(np.linspace(-1, 1, n).astype(np.float32))
+        acc = tf.Variable(np.ones((n,), ml_dtypes.bfloat16))
+        for step in range(steps):
+            ops.resource_apply_adagrad(var, acc, 0.0, 0.0, g, stochastic_rounding=True,
+                                       rounding_seed=seed_of_step(step))
+        np.testing.assert_array_equal(var.numpy(), np.linspace(-1, 1, n).astype(np.float32))
+        return acc.numpy().astype(np.float64) - 1.0
+
+    assert abs(grow(lambda step: step).mean() - exact) < 0.05 * exact
+    assert abs(grow(lambda step: 3).mean() - exact) > 0.25 * exact
+
+
+@pytest.mark.parametrize("mode", ["eager", "function", "jit", "jit_hlo"])
+def test_rounding_seed_from_a_variable_in_every_mode(mode, monkeypatch):
+    """The seed read from an int64 variable (a step counter), the same bits in eager,
+    tf.function and both XLA lowerings as the NumPy model of numeric.h."""
+    if mode == "jit_hlo":
+        monkeypatch.setenv("FUSEDOPT_XLA_LOWERING", "hlo")
+    var, slots, hyper, grad, _ = _inputs("adagrad", False, ml_dtypes.bfloat16, seed=9)
+    out32 = _run("adagrad", False, var, [s.astype(np.float32) for s in slots], hyper, grad, None)
+    step = tf.Variable(123456789012, dtype=tf.int64)
+    vs = [tf.Variable(var)] + [tf.Variable(s) for s in slots]
+
+    def update():
+        ops.resource_apply_adagrad(vs[0], vs[1], hyper["lr"], hyper["epsilon"], grad,
+                                   stochastic_rounding=True, rounding_seed=step)
+    if mode != "eager":
+        update = tf.function(update, jit_compile=mode.startswith("jit"))
+    update()
+    want = _expected("adagrad", var, out32, ml_dtypes.bfloat16, True, 123456789012)
+    np.testing.assert_array_equal(_bits(vs[1].numpy()), _bits(want[1]))
+
+
+def test_stochastic_rounding_without_a_seed_is_refused():
+    var = tf.Variable(np.ones(4, np.float32))
+    acc = tf.Variable(np.ones(4, ml_dtypes.bfloat16))
+    before = acc.numpy().copy()
+    with pytest.raises(ValueError, match=r"stochastic_rounding=True needs rounding_seed: an "
+                                         r"int64 scalar that changes every call"):
+        ops.resource_apply_adagrad(var, acc, 0.1, 0.0, np.ones(4, np.float32),
+                                   stochastic_rounding=True)
+    # The op itself, called without the wrapper: refused by its kernel, nothing written.
+    library = ops.load_library()
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"stochastic_rounding needs a rounding_seed"):
+        library.fused_opt_resource_apply_adagrad(
+            var=var.handle, accum=acc.handle, lr=tf.constant(0.1), epsilon=tf.constant(0.0),
+            grad=tf.ones(4), rounding_seed=[], stochastic_rounding=True)
+    with tf.Graph().as_default():  # at graph construction: the shape function's check
+        v = tf.compat.v1.Variable(np.ones(4, np.float32), use_resource=True)
+        a = tf.compat.v1.Variable(np.ones(4, ml_dtypes.bfloat16), use_resource=True)
+        with pytest.raises(ValueError, match=r"stochastic_rounding needs a rounding_seed"):
+            library.fused_opt_resource_apply_adagrad(
+                var=v.handle, accum=a.handle, lr=tf.constant(0.1), epsilon=tf.constant(0.0),
+                grad=tf.ones(4), rounding_seed=[], stochastic_rounding=True)
+    np.testing.assert_array_equal(_bits(acc.numpy()), _bits(before))
+
+
+@pytest.mark.parametrize("seed,error,match", [
+    (1.5, TypeError, r"rounding_seed must be an integer"),
+    (True, TypeError, r"rounding_seed must be an integer"),
+    (np.float32(2), TypeError, r"rounding_seed must be an integer"),
+    (tf.constant(2.0), TypeError, r"rounding_seed must be an integer"),
+    (tf.constant([1, 2], tf.int64), (ValueError, tf.errors.InvalidArgumentError),
+     r"rounding_seed must be a scalar"),
+    ("7", (TypeError, ValueError), r"rounding_seed|int64|string"),
+])
+def test_bad_rounding_seeds_are_refused(seed, error, match):
+    var = tf.Variable(np.ones(4, np.float32))
+    acc = tf.Variable(np.ones(4, ml_dtypes.bfloat16))
+    before = acc.numpy().copy()
+    with pytest.raises(error, match=match):
+        ops.resource_apply_adagrad(var, acc, 0.1, 0.0, np.ones(4, np.float32),
+                                   stochastic_rounding=True, rounding_seed=seed)
+    np.testing.assert_array_equal(_bits(acc.numpy()), _bits(before))
+
+
+def test_a_seed_without_stochastic_rounding_changes_nothing():
+    var, slots, hyper, grad, _ = _inputs("adagrad", False, ml_dtypes.bfloat16, seed=10)
+    vs = [tf.Variable(var)] + [tf.Variable(s) for s in slots]
+    ops.resource_apply_adagrad(vs[0], vs[1], hyper["lr"], hyper["epsilon"], grad,
+                               rounding_seed=99)
+    want = _run("adagrad", False, var, slots, hyper, grad, None)
+    np.testing.assert_array_equal(_bits(vs[1].numpy()), _bits(want[1]))

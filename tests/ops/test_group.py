@@ -152,6 +152,39 @@ def test_bad_member_shape_names_it_and_writes_nothing(mode):
     _unchanged(variables, before)
 
 
+ROW_WISE_SLOTS = [(rule, name) for rule in sorted(RULES)
+                  for name, layout in fops.RULES[rule]["slot_layouts"].items()
+                  if layout == "per_row"]
+
+
+@pytest.mark.parametrize("mode", ["eager", "function", "packed"])
+@pytest.mark.parametrize("rule,slot", ROW_WISE_SLOTS)
+def test_per_row_slot_in_var_shape_refused_and_writes_nothing(rule, slot, mode):
+    """A per-row slot ([rows]) given in var's full shape ([rows, D]) is refused by the
+    group op as by the single ops, in every form of the call, with nothing written."""
+    variables, grads, hyper = _setup(rule, shapes=((4, 3), (6, 2), (5, 3)))
+    k = 1 + fops.RULES[rule]["slots"].index(slot)
+    variables[1][k] = tf.Variable(np.full((6, 2), 0.5, np.float32))  # the full shape
+    before = _values(variables)
+    n_slots = len(RULES[rule]["slots"])
+    h = [hyper[name] for name in RULES[rule]["hyper"]]
+    if mode == "packed":
+        pack = fops.variable_pack([v[j] for j in range(1 + n_slots) for v in variables])
+
+        def call():
+            getattr(fops, "resource_packed_group_apply_" + rule)(pack, *h, grads)
+    else:
+        def call():
+            _group_call(rule, variables, grads, hyper, {})
+        if mode == "function":
+            call = tf.function(call)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError),
+                       match=r"variable 1 of 3: %s holds one value per row of var: shape "
+                             r"(var.shape\[:1\] = )?\[6\], got \[6,2\]" % slot):
+        call()
+    _unchanged(variables, before)
+
+
 def test_bad_slot_shape_at_run_time_writes_nothing():
     variables, grads, hyper = _setup()
     before = _values(variables)

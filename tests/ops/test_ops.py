@@ -68,13 +68,15 @@ def test_wrapper_signatures(rule, sparse, resource):
     params = inspect.signature(wrapper(rule, sparse, resource)).parameters
     expected = (["var"] + spec["slots"] + spec["hyper"] + ["grad"]
                 + (["indices"] if sparse else []) + ["use_locking"] + list(spec["options"])
-                + ["name", "stochastic_rounding"])
+                + ["name", "stochastic_rounding", "rounding_seed"])
     assert list(params) == expected
     assert params["use_locking"].default is False
     assert params["name"].default is None
     # compact slots' rounding: keyword only, after everything positional as before
     assert params["stochastic_rounding"].kind is inspect.Parameter.KEYWORD_ONLY
     assert params["stochastic_rounding"].default is False
+    assert params["rounding_seed"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert params["rounding_seed"].default is None
     for opt, default in spec["options"].items():
         assert params[opt].default is default
 

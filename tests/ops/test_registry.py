@@ -71,6 +71,8 @@ def test_composed_form(rule):
 @pytest.mark.parametrize("front_end", sorted(FRONT_END_TYPES))
 @pytest.mark.parametrize("rule", list(RULES))
 def test_every_front_end_has_a_class(rule, front_end):
+    """A class of its own, or a setting of another rule's class (its spec's variants: a
+    spec without a name, e.g. RMSprop's centered=True)."""
     spec = getattr(rules.module(rule), front_end, None)
     assert isinstance(spec, FRONT_END_TYPES[front_end]), \
         f"fusedopt/rules/{rule}.py must declare {front_end}"
@@ -82,6 +84,12 @@ def test_every_front_end_has_a_class(rule, front_end):
               "COMPAT_V1": "fusedopt.compat.v1"}[front_end]
     if front_end == "LEGACY" and not _legacy_keras_available():
         pytest.skip("no Keras 2 here (tf_keras not installed)")
+    if spec.name is None:
+        owner, variant_spec = rules.variant_specs(front_end)[rule]
+        assert variant_spec is spec
+        class_spec = getattr(rules.module(owner), front_end)
+        assert getattr(importlib.import_module(module), class_spec.name)
+        return
     cls = getattr(importlib.import_module(module), spec.name)
     assert cls.__name__ == spec.name and cls.__doc__.startswith(spec.doc)
 

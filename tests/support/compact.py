@@ -3,8 +3,9 @@
 A float32 variable's slots stored as bfloat16/float16: the engines compute in float32 and
 round each slot once on store, to nearest even (ml_dtypes' casts) or stochastically with
 noise hashed from the stored value and a salt (the variable element's bits before the
-update, and the slot's number): ``rounding_noise``, ``to_bf16_stochastic``,
-``to_f16_stochastic`` reproduce numeric.h bit for bit.
+update, the call's salt from its rounding seed, and the slot's number): ``call_salt``,
+``element_salt``, ``rounding_noise``, ``to_bf16_stochastic``, ``to_f16_stochastic``
+reproduce numeric.h bit for bit.
 """
 import ml_dtypes
 import numpy as np
@@ -34,6 +35,19 @@ def mix_bits(x):
 
 def float_bits(x):
     return _u32(np.asarray(x, np.float32).view(U32))
+
+
+def call_salt(seed):
+    """numeric.h CallSalt: a 64-bit seed (Python int, may be negative) -> uint32."""
+    seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+    low, high = seed & 0xFFFFFFFF, seed >> 32
+    return mix_bits(np.uint64(low) ^ mix_bits((np.uint64(high) + np.uint64(0x9E3779B9)) & _MASK))
+
+
+def element_salt(var_before, seed):
+    """The salt of each element's slot stores: var's float32 bits before the update with
+    the call's salt mixed in (numeric.h; per-row slots take their row's first element)."""
+    return float_bits(var_before) ^ call_salt(seed)
 
 
 def rounding_noise(value, salt_bits, slot):

@@ -92,21 +92,26 @@ def _case(rule, sparse, np_slot, seed, index_dtype=np.int64):
     return var, slots, _hyper(rule), grad, ids
 
 
-def _run(rule, case, stochastic, jit):
-    """One update of fresh variables, in a jit_compile function or not: their values after."""
+# The calls' rounding seed (a step counter's value): both 32-bit halves in use.
+SEED = 0x0000_0007_FFFF_FFF3
+
+
+def _run(rule, case, stochastic, jit, seed=SEED):
+    """One update of fresh variables, in a jit_compile function or not: their values after.
+    The seed is an argument of the function (a run-time value under XLA)."""
     var, slots, hyper, grad, ids = case
     variables = [tf.Variable(x) for x in [var] + slots]
     op = getattr(ops, "resource_%sapply_%s" % ("sparse_" if ids is not None else "", rule))
 
-    def step(hyper, grad, ids):
+    def step(hyper, grad, ids, seed):
         args = [variables[0], *variables[1:], *[hyper[h] for h in RULES[rule]["hyper"]], grad]
         if ids is not None:
             args.append(ids)
-        op(*args, stochastic_rounding=stochastic)
+        op(*args, stochastic_rounding=stochastic, rounding_seed=seed if stochastic else None)
 
     tf.function(step, jit_compile=jit)(
         {k: tf.constant(v) for k, v in hyper.items()}, tf.constant(grad),
-        None if ids is None else tf.constant(ids))
+        None if ids is None else tf.constant(ids), tf.constant(seed, tf.int64))
     return [v.numpy() for v in variables]
 
 
@@ -230,7 +235,8 @@ def test_values_at_the_edges_of_the_slot_type_round_as_the_op_does(sparse, slot_
             summed[r] += grad[i]
         with np.errstate(over="ignore"):  # float32 and 16-bit overflows to Inf, as meant
             new = accum.astype(np.float32) + summed * summed
-            model = compact.round_slot(new, np_slot, stochastic, compact.float_bits(var))
+            model = compact.round_slot(new, np_slot, stochastic,
+                                       compact.element_salt(var, SEED))
         np.testing.assert_array_equal(_bits(want[1]), _bits(model))
     carried = np.isinf(got[1][0].astype(np.float32))  # stochastic: some carried into Inf
     assert carried.any() and not carried.all()
@@ -253,12 +259,13 @@ def test_group_op_with_compact_slots_under_xla(rule, stochastic):
         state = [[tf.Variable(m[0]) for m in members]]
         state += [[tf.Variable(m[1][k]) for m in members] for k in range(n_slots)]
 
-        def step(hyper, grads):
+        def step(hyper, grads, seed):
             op(*state, *[hyper[h] for h in RULES[rule]["hyper"]], grads,
-               stochastic_rounding=stochastic)
+               stochastic_rounding=stochastic, rounding_seed=seed if stochastic else None)
 
         tf.function(step, jit_compile=jit)({k: tf.constant(v) for k, v in hyper.items()},
-                                           [tf.constant(m[3]) for m in members])
+                                           [tf.constant(m[3]) for m in members],
+                                           tf.constant(SEED, tf.int64))
         return [[x.numpy() for x in column] for column in state]
 
     got, want = run(True), run(False)
@@ -280,7 +287,7 @@ def _refused(rule, var, slots, match, group):
     else:
         step = lambda: [getattr(ops, "resource_apply_" + rule)(  # noqa: E731
             variables[0], *variables[1:], *h, tf.constant(grad),
-            stochastic_rounding=True), None][1]
+            stochastic_rounding=True, rounding_seed=SEED), None][1]
     with pytest.raises(tf.errors.InvalidArgumentError, match=match):
         tf.function(step, jit_compile=True)()
     for v, old in zip(variables, before):
@@ -317,7 +324,8 @@ def test_a_variable_of_another_dtype_is_refused():
     raw = ops.load_library().fused_opt_resource_apply_adagrad
     step = lambda: [raw(  # noqa: E731
         var=var.handle, accum=accum.handle, lr=tf.constant(0.5, tf.float64),
-        epsilon=tf.constant(0.1, tf.float64), grad=tf.ones((4, 3), tf.float64)), None][1]
+        epsilon=tf.constant(0.1, tf.float64), grad=tf.ones((4, 3), tf.float64),
+        rounding_seed=[]), None][1]
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=re.escape("var has dtype float but the update is for double")):
         tf.function(step, jit_compile=True)()

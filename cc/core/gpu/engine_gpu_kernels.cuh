@@ -48,7 +48,7 @@ __device__ __forceinline__ void UpdatePack(const ParamsFor<Rule, T>& p, T* __res
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
     C v = Load(pv.v[j]);
-    const uint32_t salt = SaltBits(v);
+    const uint32_t salt = SaltBits(v) ^ p.rounding_salt;
     C s[kSlots];
 #pragma unroll
     for (int k = 0; k < kSlots; ++k) s[k] = Load(ps[k].v[j]);
@@ -171,7 +171,7 @@ __device__ __forceinline__ void UpdateElement(const ParamsFor<Rule, T>& p, T* __
   using C = ComputeType<T>;
   constexpr int kSlots = NumSlots<Rule>();
   C v = Load(var[i]);
-  const uint32_t salt = SaltBits(v);
+  const uint32_t salt = SaltBits(v) ^ p.rounding_salt;
   C s[kSlots];
 #pragma unroll
   for (int k = 0; k < kSlots; ++k) s[k] = Load(slots.p[k][i]);
@@ -212,7 +212,7 @@ __device__ __forceinline__ void UpdateRowWarp(const ParamsFor<Rule, T>& p, T* __
     for (int k = 0; k < kSlots; ++k) {
       if (IsPerRowSlot<Rule>(k)) row_slots[k] = Load(slots.p[k][row]);
     }
-    const uint32_t row_salt = row_size > 0 ? SaltBits(Load(var[base])) : 0u;
+    const uint32_t row_salt = (row_size > 0 ? SaltBits(Load(var[base])) : 0u) ^ p.rounding_salt;
     factor = Rule::UpdateRow(p, row_slots, sum, static_cast<C>(row_size));
 #pragma unroll
     for (int k = 0; k < kSlots; ++k) {
@@ -226,7 +226,7 @@ __device__ __forceinline__ void UpdateRowWarp(const ParamsFor<Rule, T>& p, T* __
   }
   for (int64_t c = lane; c < row_size; c += kWarp) {
     C v = Load(var[base + c]);
-    const uint32_t salt = SaltBits(v);
+    const uint32_t salt = SaltBits(v) ^ p.rounding_salt;
     C s[kSlots];
 #pragma unroll
     for (int k = 0; k < kSlots; ++k) {

@@ -21,6 +21,6 @@ struct RuleList {
 };
 
 using AllRules = RuleList<LazyAdamRule, AdamaxRule, AdagradRule, RmsPropRule, RowWiseAdagradRule,
-                          PartialRowWiseAdamRule>;
+                          PartialRowWiseAdamRule, CenteredRmsPropRule>;
 
 }  // namespace fusedopt

@@ -1,19 +1,37 @@
-// RMSprop with momentum (TF ApplyRMSProp; Keras RMSprop with momentum > 0):
+// RMSprop with momentum, plain and centered, epsilon inside the square root:
 //   ms  += (g^2 - ms)(1 - rho)
-//   mom  = momentum*mom + lr*g/sqrt(ms + eps)
+//   mg  += (g - mg)(1 - rho)                       centered only
+//   mom  = momentum*mom + lr*g/sqrt(ms + eps)      centered: sqrt(ms - mg^2 + eps)
 //   var -= mom
-// Not a `centered` option: that adds a slot (mg), and every engine (vector loads, GPU
-// kernel parameters, register arrays) is built on a compile-time slot count; the centered
-// form would be a rule of its own, as TF has ApplyCenteredRMSProp beside ApplyRMSProp.
+// RMSProp is TF's ApplyRMSProp (Keras RMSprop with momentum > 0, tf.compat.v1's
+// RMSPropOptimizer); CenteredRMSProp is TF's ApplyCenteredRMSProp (centered=True). Two
+// rules of one form, as TF has two ops: the centered form's third slot (mg) changes the
+// slot count every engine is compiled for.
 #pragma once
+
+#include <array>
 
 #include "cc/core/rule.h"
 
 namespace fusedopt {
 
-struct RmsPropRule {
+namespace detail {
+template <bool kCentered>
+struct RmsPropSlots {
   static constexpr const char* kOpName = "RMSProp";
   static constexpr std::array<SlotDecl, 2> kSlots = {PerElement("ms"), PerElement("mom")};
+};
+template <>
+struct RmsPropSlots<true> {
+  static constexpr const char* kOpName = "CenteredRMSProp";
+  static constexpr std::array<SlotDecl, 3> kSlots = {PerElement("ms"), PerElement("mom"),
+                                                     PerElement("mg")};
+};
+}  // namespace detail
+
+template <bool kCentered>
+struct RmsPropForm : detail::RmsPropSlots<kCentered> {
+  using detail::RmsPropSlots<kCentered>::kSlots;
   static constexpr std::array<const char*, 4> kHyper = {"lr", "rho", "momentum", "epsilon"};
   static constexpr std::array<RuleOption, 0> kOptions = {};
 
@@ -34,9 +52,18 @@ struct RmsPropRule {
     constexpr int ms_slot = Index(kSlots, "ms"), mom_slot = Index(kSlots, "mom");
     C &ms = slot[ms_slot], &mom = slot[mom_slot];
     ms += (g * g - ms) * p.one_minus_rho;
-    mom = mom * p.momentum + (g * p.lr) / Sqrt(ms + p.epsilon);
+    C denominator = ms + p.epsilon;
+    if constexpr (kCentered) {
+      C& mg = slot[Index(kSlots, "mg")];
+      mg += (g - mg) * p.one_minus_rho;
+      denominator = (ms - mg * mg) + p.epsilon;
+    }
+    mom = mom * p.momentum + (g * p.lr) / Sqrt(denominator);
     var -= mom;
   }
 };
+
+using RmsPropRule = RmsPropForm<false>;
+using CenteredRmsPropRule = RmsPropForm<true>;
 
 }  // namespace fusedopt

@@ -158,4 +158,15 @@ RULES = {
         tf_sparse_kernel="ResourceSparseApplyRMSProp",
         fusedopt_keras=Optimizer("fusedopt.keras.RMSprop", "lazy", libraries.fusedopt_keras,
                                  lambda fk: fk.RMSprop(LR, RMS_RHO, RMS_MOMENTUM, EPS))),
+    "centered_rms_prop": RuleContenders(
+        slots=("ms", "mom", "mg"), slot_init=0.0, hyper=rms_prop_hyper,
+        keras=Optimizer("tf.keras RMSprop (centered)", "dense", libraries.tensorflow,
+                        lambda tf: tf.keras.optimizers.RMSprop(LR, RMS_RHO, RMS_MOMENTUM, EPS,
+                                                               centered=True)),
+        tf_dense_kernel="ResourceApplyCenteredRMSProp",
+        tf_sparse_kernel="ResourceSparseApplyCenteredRMSProp",
+        fusedopt_keras=Optimizer("fusedopt.keras.RMSprop (centered)", "lazy",
+                                 libraries.fusedopt_keras,
+                                 lambda fk: fk.RMSprop(LR, RMS_RHO, RMS_MOMENTUM, EPS,
+                                                       centered=True))),
 }

@@ -9,7 +9,9 @@ from the rule's ``COMPAT_V1`` spec (``fusedopt/rules/<rule>.py``)::
     opt = fusedopt.compat.v1.AdagradOptimizer(0.1)     # was tf.compat.v1.train.AdagradOptimizer
 
 Every update is one fused op (the dense updates of resource variables in one
-``apply_gradients`` call: one group op per dtype and device): ref variables (``use_resource=False``, graph mode) use the
+``apply_gradients`` call: one group op per dtype and device, which each of those variables'
+``_resource_apply_dense`` returns; a method called from outside that loop, or overridden by
+a subclass, updates its variable alone): ref variables (``use_resource=False``, graph mode) use the
 ``FusedOpt>Apply*`` / ``FusedOpt>SparseApply*`` ops, resource variables the
 ``FusedOpt>ResourceApply*`` / ``FusedOpt>ResourceSparseApply*`` ops. ``IndexedSlices``
 gradients (``tf.gather``, embedding lookups) go to the sparse ops as they are: repeated
@@ -27,6 +29,7 @@ import inspect
 import threading
 
 import tensorflow as tf
+from tensorflow.python.training import optimizer as _tf_optimizer
 
 from fusedopt import ops as _fused_ops
 from fusedopt import rules as _rules
@@ -41,13 +44,17 @@ def _colocated_with(variable):
     return tf.compat.v1.get_default_graph().colocate_with(variable)
 
 
-# Per thread: {id(optimizer): the dense updates its running apply_gradients collects}.
+# Per thread: {id(optimizer): [the _DenseBatch of each apply_gradients call running]}.
 _calls = threading.local()
+
+# The non-slot step counter that seeds stochastic rounding (made only with it).
+_ROUNDING_STEP = "rounding_step"
 
 
 class _FusedOptimizer(tf.compat.v1.train.Optimizer):
     """Shared plumbing: hyper-parameters, slots and power non-slots, dispatch to the fused
-    ops, all read from the class's ``_SPEC`` (a ``CompatV1`` spec) and ``_RULE``."""
+    ops, all read from the class's ``_SPEC`` (a ``CompatV1`` spec) and ``_RULE``, or for a
+    setting with a rule of its own (``RMSPropOptimizer(centered=True)``) that rule's."""
 
     _RULE = None
     _SPEC = None
@@ -59,6 +66,9 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
         # fusedopt's own keywords: compact slots (fusedopt._compact).
         self._slot_dtype = _compact.parse_slot_dtype(arguments.pop("slot_dtype"))
         self._stochastic_rounding = bool(arguments.pop("stochastic_rounding"))
+        rule, spec = _rules.select_variant(self._SPEC, "COMPAT_V1", arguments)
+        if rule is not None:  # per instance: the rule of these settings
+            self._RULE, self._SPEC = rule, spec
         if self._SPEC.check is not None:
             self._SPEC.check(arguments)
         super().__init__(arguments.pop("use_locking"), arguments.pop("name"))
@@ -74,13 +84,15 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
                                                           name=key)
 
     def _create_slots(self, var_list):
-        if self._SPEC.powers:
-            # As tf.compat.v1.train.AdamOptimizer: one copy per graph, next to the
-            # variable whose name sorts first, so placement is deterministic.
-            first_var = min(var_list, key=lambda x: x.name)
-            for power_name, argument in self._SPEC.powers:
-                self._create_non_slot_variable(initial_value=self._arguments[argument],
-                                               name=power_name, colocate_with=first_var)
+        # As tf.compat.v1.train.AdamOptimizer's powers: one copy per graph, next to the
+        # variable whose name sorts first, so placement is deterministic.
+        first_var = min(var_list, key=lambda x: x.name)
+        for power_name, argument in self._SPEC.powers:
+            self._create_non_slot_variable(initial_value=self._arguments[argument],
+                                           name=power_name, colocate_with=first_var)
+        if self._stochastic_rounding:
+            self._create_non_slot_variable(initial_value=tf.constant(0, tf.int64),
+                                           name=_ROUNDING_STEP, colocate_with=first_var)
         rule = _fused_ops.RULES[self._RULE]
         per_row = [rule["slot_layouts"][name] == "per_row" for name in rule["slots"]]
         for var in var_list:
@@ -106,12 +118,29 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
                 return tf.cast(tf.fill(dims, value), dtype)
         self._get_or_make_slot_with_initializer(var, init, shape, dtype, slot_name, self._name)
 
-    def _powers(self):
-        """The non-slot power variables of the current graph (eager: the only ones)."""
+    def _non_slot(self, name):
+        """The non-slot variable `name` of the current graph (eager: the only one)."""
         with tf.init_scope():
             graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-            return tuple(self._get_non_slot_variable(power_name, graph=graph)
-                         for power_name, _ in self._SPEC.powers)
+            return self._get_non_slot_variable(name, graph=graph)
+
+    def _powers(self):
+        """The non-slot power variables of the current graph (eager: the only ones)."""
+        return tuple(self._non_slot(power_name) for power_name, _ in self._SPEC.powers)
+
+    def _rounding(self):
+        """The ops' stochastic_rounding and rounding_seed: the step counter (a non-slot
+        variable moved on by each apply_gradients), which makes every step's rounding
+        fresh."""
+        if not self._stochastic_rounding:
+            return {"stochastic_rounding": False}
+        step = self._non_slot(_ROUNDING_STEP)
+        if step is None:  # a per-variable method called before any apply_gradients made it
+            raise ValueError(
+                "stochastic_rounding=True seeds each step's rounding from a step counter that "
+                "apply_gradients makes (with the slots): call apply_gradients (or "
+                "minimize) before this optimizer's per-variable update methods")
+        return {"stochastic_rounding": True, "rounding_seed": step}
 
     def _get_beta_accumulators(self):
         """As the class replaced: AdamOptimizer's a tuple (beta1_power, beta2_power),
@@ -121,54 +150,66 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
 
     # --- the dense updates of one apply_gradients call, as group ops ---------------------
     #
-    # apply_gradients calls _resource_apply_dense once per variable and _finish after the
-    # last one. Dense updates of resource variables without a constraint are collected
-    # instead and run as one group op per (dtype, device) when _finish starts (before the
-    # power non-slots move on, which wait for them). Under a tf.distribute strategy the
-    # updates run per replica: no collecting there.
+    # TF's apply_gradients calls _resource_apply_dense once per variable through its
+    # processors, then _finish. Where this class drives that loop unchanged, the dense
+    # updates of resource variables (TF's own processor, no constraint, our method not
+    # overridden) are one group op per (dtype, device), built at the first such variable's
+    # call; each of those variables' calls returns its group's op, so every call returns an
+    # op that has done that variable's update when it runs, as TF's optimizers promise (a
+    # library that wraps the optimizer reads the variable after it). Every other call (a
+    # variable a library's own processor updates, a subclass's override, a call from
+    # outside apply_gradients) updates its variable alone. Under a tf.distribute strategy
+    # the updates run per replica: no grouping there.
     #
-    # The list belongs to the call, not to the optimizer: threads sharing one optimizer
-    # (eager apply_gradients from a thread pool) each collect their own.
+    # The batch belongs to the call, not to the optimizer: threads sharing one optimizer
+    # (eager apply_gradients from a thread pool) each have their own.
 
-    @property
-    def _pending_dense(self):
-        """[(var, grad)] while this thread's apply_gradients call collects, else None."""
-        return getattr(_calls, "pending", {}).get(id(self))
+    def _groups_dense_updates(self):
+        """Whether this optimizer's own methods do the dense updates (not a subclass's or
+        an instance's replacement), so that grouping them changes nothing a caller sees."""
+        return not _dispatch.overridden(self, "_resource_apply_dense", _FusedOptimizer)
+
+    def _dense_batch(self):
+        """The _DenseBatch of this thread's innermost apply_gradients call, or None."""
+        stack = getattr(_calls, "batches", {}).get(id(self))
+        return stack[-1] if stack else None
 
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
-        if tf.distribute.has_strategy():
+        if tf.distribute.has_strategy() or not self._groups_dense_updates():
             return super().apply_gradients(grads_and_vars, global_step, name)
-        pending = _calls.__dict__.setdefault("pending", {})
-        outer = pending.get(id(self))  # a nested call on this optimizer: the outer's list
-        pending[id(self)] = []
+        grads_and_vars = tuple(grads_and_vars)
+        stacks = _calls.__dict__.setdefault("batches", {})
+        stack = stacks.setdefault(id(self), [])
+        stack.append(_DenseBatch(self, grads_and_vars))
         try:
             return super().apply_gradients(grads_and_vars, global_step, name)
         finally:
-            if outer is None:
-                pending.pop(id(self), None)
-            else:
-                pending[id(self)] = outer
+            stack.pop()
+            if not stack:
+                stacks.pop(id(self), None)
 
-    def _run_pending_dense(self):
-        calls = getattr(_calls, "pending", {})
-        pending = calls.get(id(self)) or []
-        if id(self) in calls:
-            calls[id(self)] = None  # collected: later dense updates of the call run alone
-        if not pending:
-            return []
+    def _group_update(self, members):
+        """One group op per (dtype, device) for `members` [(var, grad)]: {var ref: op}."""
         slot_names = [name for name, _ in self._SPEC.slots]
         rule_hyper = _fused_ops.RULES[self._RULE]["hyper"]
+        updates = []
+        for var, grad in members:
+            slots = [self.get_slot(var, slot) for slot in slot_names]
+            _compact.check_slots(self, var, slots, self._slot_dtype)
+            updates.append((var, slots, grad))
         return _dispatch.apply_group(
-            self._RULE,
-            [(var, [self.get_slot(var, slot) for slot in slot_names], grad)
-             for var, grad in pending],
+            self._RULE, updates,
             lambda var: dict(zip(rule_hyper, (tf.cast(h, var.dtype.base_dtype)
                                               for h in self._op_hyper()))),
-            self._SPEC.options, use_locking=self._use_locking,
-            stochastic_rounding=self._stochastic_rounding)
+            self._SPEC.options, use_locking=self._use_locking, **self._rounding())
 
     def _finish(self, update_ops, name_scope):
-        update_ops = list(update_ops) + self._run_pending_dense()
+        update_ops = list({id(op): op for op in update_ops if op is not None}.values())
+        if self._stochastic_rounding:
+            with tf.control_dependencies(update_ops):
+                step = self._non_slot(_ROUNDING_STEP)
+                with _colocated_with(step):
+                    update_ops.append(step.assign_add(1, use_locking=self._use_locking))
         if not self._SPEC.powers:
             return super()._finish(update_ops, name_scope)
         with tf.control_dependencies(update_ops):
@@ -200,14 +241,15 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
         if not _dispatch.covers(var, indices):
             return self._composed_update(var, grad, indices)
         dtype = var.dtype.base_dtype
-        args = [var] + [self.get_slot(var, name) for name, _ in self._SPEC.slots]
-        args += [tf.cast(h, dtype) for h in self._op_hyper()]
+        slots = [self.get_slot(var, name) for name, _ in self._SPEC.slots]
+        _compact.check_slots(self, var, slots, self._slot_dtype)
+        args = [var] + slots + [tf.cast(h, dtype) for h in self._op_hyper()]
         args.append(grad)
         if indices is not None:
             args.append(indices)
         fn = getattr(_fused_ops, "%s_%s" % (variant, self._RULE))
         return fn(*args, use_locking=self._use_locking, **self._SPEC.options,
-                  stochastic_rounding=self._stochastic_rounding)
+                  **self._rounding())
 
     def _composed_update(self, var, grad, indices):
         """Dtypes the ops do not take (complex, ...): the rule in composed TF ops, the
@@ -227,10 +269,9 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
         return _op_of(self._fused_update("apply", var, grad))
 
     def _resource_apply_dense(self, grad, var):
-        if (self._pending_dense is not None and getattr(var, "constraint", None) is None
-                and _dispatch.groupable(var, grad)):
-            self._pending_dense.append((var, grad))
-            return None if tf.executing_eagerly() else tf.no_op()
+        batch = self._dense_batch()
+        if batch is not None and batch.holds(var, grad):
+            return batch.update_of(var)  # the group op that updates var (eager: done)
         return self._fused_update("resource_apply", var, grad)
 
     # The kernels sum repeated indices themselves: no Python-level dedup
@@ -246,6 +287,38 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
 
     def _resource_apply_sparse(self, grad, var, indices):
         return self._resource_apply_sparse_duplicate_indices(grad, var, indices)
+
+
+class _DenseBatch:
+    """The dense updates one apply_gradients call makes as group ops: those of resource
+    variables TF's own processor updates (``_DenseResourceVariableProcessor``: nothing
+    after the update but a constraint, and none here), with a gradient tensor the loop
+    passes on as it is. Built at the first member's ``_resource_apply_dense``."""
+
+    def __init__(self, optimizer, grads_and_vars):
+        self._optimizer = optimizer
+        self._members = {}  # var ref -> (var, grad)
+        for grad, var in grads_and_vars:
+            if (isinstance(grad, tf.Tensor) and getattr(var, "constraint", None) is None
+                    and _dispatch.groupable(var, grad)
+                    and type(_tf_optimizer._get_processor(var))  # as TF's loop will ask
+                    is _tf_optimizer._DenseResourceVariableProcessor):
+                self._members[var.ref()] = (var, grad)
+        self._ops = None  # {var ref: its group's op} once built
+
+    def holds(self, var, grad):
+        member = self._members.get(var.ref()) if hasattr(var, "ref") else None
+        return member is not None and member[1] is grad
+
+    def update_of(self, var):
+        if self._ops is None:
+            # Outside the calling variable's colocation: each group goes to its own device.
+            with contextlib.ExitStack() as scope:
+                if not tf.executing_eagerly():
+                    scope.enter_context(tf.compat.v1.get_default_graph().colocate_with(
+                        None, ignore_existing=True))
+                self._ops = self._optimizer._group_update(list(self._members.values()))
+        return self._ops.get(var.ref())  # None when executing eagerly (done)
 
 
 def _op_of(update):

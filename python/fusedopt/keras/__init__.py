@@ -84,6 +84,10 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
         return config
 
     def _set_fusedopt_options(self, lazy_weight_decay, slot_dtype, stochastic_rounding):
+        # The rule of these settings (RMSprop(centered=True): its own), per instance.
+        rule, spec = _rules.select_variant(self._fused_spec, "KERAS", self)
+        if rule is not None:
+            self._fused_rule, self._fused_spec = rule, spec
         self.lazy_weight_decay = bool(lazy_weight_decay)
         _compact.set_options(self, slot_dtype, stochastic_rounding)
 
@@ -175,6 +179,20 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
     def _keeps_own_update(self):
         return self._fused_spec is not None and self._fused_spec.keeps_own_update(self)
 
+    def _rounding(self):
+        """The ops' stochastic_rounding and rounding_seed: the step counter (iterations),
+        so that each step's rounding is fresh."""
+        if not self.stochastic_rounding:
+            return {"stochastic_rounding": False}
+        return {"stochastic_rounding": True,
+                "rounding_seed": _dispatch.unwrap(self.iterations)}
+
+    def _fused_slots(self, variable):
+        """The rule's slots of `variable` (the base's slot lists, in rule order)."""
+        slots = [self._slot(getattr(self, attr), variable) for attr in self._fused_spec.slots]
+        _compact.check_slots(self, variable, slots, self.slot_dtype)
+        return slots
+
     def _deduplicate_sparse_grad(self, grads):
         # Keras 2.15's apply_gradients sums duplicate sparse ids first (tf.unique + a
         # segment sum: a third of a 16K-id embedding step). The fused sparse ops, and the
@@ -208,8 +226,7 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
             base = super()
             return (base.update_step(gradient, variable) if learning_rate is None
                     else base.update_step(gradient, variable, learning_rate))
-        slots = [self._slot(getattr(self, attr), variable) for attr in self._fused_spec.slots]
-        return self._fused(self._fused_rule, variable, slots, gradient,
+        return self._fused(self._fused_rule, variable, self._fused_slots(variable), gradient,
                            self._hyper(variable, learning_rate), self._fused_spec.options)
 
     # Keras 3 (TF backend) all-reduces the gradients before the update. Outside a
@@ -224,10 +241,12 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
     # Keras 3 (TF backend) calls update_step once per variable from here. Dense gradients
     # instead go to one group op per dtype and device, the per-step scalars computed once;
     # sparse gradients (and everything under a tf.distribute strategy, whose update() runs
-    # per replica) keep the per-variable path.
+    # per replica) keep the per-variable path, as does a subclass's or an instance's own
+    # update_step (it must be called for every variable).
     def _distributed_tf_update_step(self, distribution, grads_and_vars, learning_rate):
         if (self._keeps_own_update() or self._fused_composed or tf.distribute.has_strategy()
-                or distribution is not tf.distribute.get_strategy()):
+                or distribution is not tf.distribute.get_strategy()
+                or _dispatch.overridden(self, "update_step", _FusedUpdate)):
             return super()._distributed_tf_update_step(distribution, grads_and_vars,
                                                        learning_rate)
         grouped, rest = [], []
@@ -239,16 +258,14 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
             spec = self._fused_spec
             _dispatch.apply_group(
                 self._fused_rule,
-                [(var, [self._slot(getattr(self, attr), var) for attr in spec.slots], grad)
-                 for grad, var in grouped],
+                [(var, self._fused_slots(var), grad) for grad, var in grouped],
                 lambda var: self._hyper(var, learning_rate), spec.options,
-                packs=self._fused_packs(), stochastic_rounding=self.stochastic_rounding)
+                packs=self._fused_packs(), **self._rounding())
         return super()._distributed_tf_update_step(distribution, rest, learning_rate)
 
     def _fused(self, rule, variable, slots, gradient, hyper, options=None):
         return _dispatch.apply(rule, variable, slots, gradient, hyper, options,
-                               composed=self._fused_composed,
-                               stochastic_rounding=self.stochastic_rounding)
+                               composed=self._fused_composed, **self._rounding())
 
 
 # The base optimizer's own arguments, documented once; each spec's doc ends with its
@@ -374,7 +391,7 @@ def _new_optimizer(rule, spec):
         slots = [self._slot(getattr(self, attr), variable) for attr in spec.slots]
         return _dispatch.apply(rule, variable, slots, gradient,
                                self._hyper(variable, learning_rate), spec.options,
-                               composed=True, stochastic_rounding=self.stochastic_rounding)
+                               composed=True, **self._rounding())
 
     def get_config(self):
         config = base.get_config(self)

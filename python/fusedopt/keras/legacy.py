@@ -75,14 +75,26 @@ class _FusedApply(_packs.PacksOfOptimizer):
     def _keeps_own_update(self):
         return self._fused_spec.keeps_own_update(self)
 
+    def _rounding(self):
+        """The ops' stochastic_rounding and rounding_seed: the step counter (iterations),
+        so that each step's rounding is fresh."""
+        if not self.stochastic_rounding:
+            return {"stochastic_rounding": False}
+        return {"stochastic_rounding": True, "rounding_seed": self.iterations}
+
+    def _fused_slots(self, var):
+        """The rule's slots of `var`, in rule order."""
+        slots = [self.get_slot(var, name) for name in self._fused_spec.slots]
+        _compact.check_slots(self, var, slots, self.slot_dtype)
+        return slots
+
     def _fused(self, grad, var, apply_state):
         c = self._coefficients(var, apply_state)
         spec = self._fused_spec
-        slots = [self.get_slot(var, name) for name in spec.slots]
         hyper = {name: c[key] for name, key in spec.hyper.items()}
-        op = _dispatch.apply(self._fused_rule, var, slots, grad, hyper, spec.options,
-                             composed=self._fused_composed, use_locking=self._use_locking,
-                             stochastic_rounding=self.stochastic_rounding)
+        op = _dispatch.apply(self._fused_rule, var, self._fused_slots(var), grad, hyper,
+                             spec.options, composed=self._fused_composed,
+                             use_locking=self._use_locking, **self._rounding())
         return tf.no_op() if op is None and not tf.executing_eagerly() else op
 
     # OptimizerV2 applies each variable in turn; the dense gradients of resource variables
@@ -90,10 +102,12 @@ class _FusedApply(_packs.PacksOfOptimizer):
     # coefficients are per (device, dtype) too), the rest through the base's loop, whose
     # iterations increment then waits for the group ops; in TF2 functions on member packs
     # (fusedopt/_packs.py: one captured handle for a group). Not under a tf.distribute
-    # strategy (its update() runs per replica).
+    # strategy (its update() runs per replica), nor where a subclass or the instance has its
+    # own _resource_apply_dense (it must be called for every variable).
     def _distributed_apply(self, distribution, grads_and_vars, apply_state, name):
         if (self._keeps_own_update() or self._fused_composed or tf.distribute.has_strategy()
-                or distribution is not tf.distribute.get_strategy()):
+                or distribution is not tf.distribute.get_strategy()
+                or _dispatch.overridden(self, "_resource_apply_dense", _FusedApply)):
             return super()._distributed_apply(distribution, grads_and_vars, apply_state, name)
         grouped, rest = [], []
         for grad, var in grads_and_vars:
@@ -102,15 +116,13 @@ class _FusedApply(_packs.PacksOfOptimizer):
         spec = self._fused_spec
         group_ops = _dispatch.apply_group(
             self._fused_rule,
-            [(var, [self.get_slot(var, slot) for slot in spec.slots], grad)
-             for grad, var in grouped],
+            [(var, self._fused_slots(var), grad) for grad, var in grouped],
             lambda var: {name: c for name, c in zip(
                 spec.hyper, (self._coefficients(var, apply_state)[key]
                              for key in spec.hyper.values()))},
             spec.options, use_locking=self._use_locking,
-            packs=self._fused_packs(),
-            stochastic_rounding=self.stochastic_rounding) if grouped else []
-        with tf.control_dependencies(group_ops):
+            packs=self._fused_packs(), **self._rounding()) if grouped else {}
+        with tf.control_dependencies(list({id(op): op for op in group_ops.values()}.values())):
             return super()._distributed_apply(distribution, rest, apply_state, name)
 
     def _fused_slot_variables(self):
@@ -202,7 +214,7 @@ def _new_optimizer(rule, spec):
         if indices is not None:
             grad = tf.IndexedSlices(grad, indices)
         op = _dispatch.apply(rule, var, slots, grad, hyper, spec.options, composed=True,
-                             stochastic_rounding=self.stochastic_rounding)
+                             **self._rounding())
         return tf.no_op() if op is None and not tf.executing_eagerly() else op
 
     def _resource_apply_dense(self, grad, var, apply_state=None):
@@ -233,6 +245,10 @@ def _with_compact_keywords(cls):
     @functools.wraps(base_init)
     def __init__(self, *args, slot_dtype=None, stochastic_rounding=False, **kwargs):
         base_init(self, *args, **kwargs)
+        # The rule of these settings (RMSprop(centered=True): its own), per instance.
+        rule, spec = _rules.select_variant(self._fused_spec, "LEGACY", self)
+        if rule is not None:
+            self._fused_rule, self._fused_spec = rule, spec
         _compact.set_options(self, slot_dtype, stochastic_rounding)
 
     __init__.__signature__ = _compact.with_keywords(inspect.signature(base_init),

@@ -32,13 +32,36 @@ def module(name):
 
 
 def front_end_specs(front_end):
-    """[(rule name, spec)] of one front end ("KERAS", "LEGACY", "COMPAT_V1")."""
-    return [(name, getattr(module(name), front_end)) for name in names()]
+    """[(rule name, spec)] of one front end ("KERAS", "LEGACY", "COMPAT_V1"): the specs
+    that make a class (a spec named None serves another rule's class for some of its
+    settings: that class's ``variants``)."""
+    specs = [(name, getattr(module(name), front_end, None)) for name in names()]
+    return [(name, spec) for name, spec in specs if spec is not None and spec.name is not None]
+
+
+def variant_specs(front_end):
+    """{rule: (class rule, spec)} of the rules that run for some settings of another
+    rule's class in one front end (that class's ``variants``), with their own spec."""
+    out = {}
+    for owner, spec in front_end_specs(front_end):
+        for _, rule in spec.variants:
+            out[rule] = (owner, getattr(module(rule), front_end))
+    return out
+
+
+def select_variant(spec, front_end, settings):
+    """(rule, spec) for a class of `spec` given `settings` (its arguments, or the
+    optimizer): the first of the spec's variants that applies, else (None, spec)."""
+    for applies, rule in spec.variants:
+        if applies(settings):
+            return rule, getattr(module(rule), front_end)
+    return None, spec
 
 
 def define_classes(namespace, front_end, make_class):
-    """Puts ``make_class(rule, spec)`` for every rule's ``front_end`` spec into a module's
-    ``namespace`` (its globals) under the spec's name; returns the names (``__all__``)."""
+    """Puts ``make_class(rule, spec)`` for every rule's ``front_end`` spec that names a
+    class into a module's ``namespace`` (its globals) under the spec's name; returns the
+    names (``__all__``)."""
     defined = []
     for name, spec in front_end_specs(front_end):
         namespace[spec.name] = make_class(name, spec)

@@ -68,6 +68,10 @@ class _KerasFamily:
     # function of the optimizer, for settings the rule does not cover (e.g. amsgrad).
     own_update_when: Optional[Union[str, Callable]] = None
     doc: str = ""
+    # Settings with a rule of their own: ((applies(optimizer), rule name), ...); the first
+    # that applies runs that rule with its module's spec of this front end (whose name is
+    # None: no class of its own), e.g. RMSprop(centered=True).
+    variants: tuple = ()
 
     def keeps_own_update(self, optimizer):
         condition = self.own_update_when
@@ -117,6 +121,10 @@ class CompatV1:
     check: Optional[Callable] = None  # check(arguments dict): raises ValueError
     anchor: Optional[str] = None      # the tf.compat.v1 class it reproduces, if TF has one
     doc: str = ""
+    # Settings with a rule of their own: ((applies(arguments dict), rule name), ...); the
+    # first that applies runs that rule with its module's COMPAT_V1 spec (whose name is
+    # None: no class of its own), e.g. RMSPropOptimizer(centered=True).
+    variants: tuple = ()
 
 
 def new_optimizer_signature(new, keyword_only=()):

@@ -169,6 +169,13 @@ def _slot_dtype(var_dtype, names, dtypes):
     return dtypes[0] if dtypes else var_dtype
 
 
+def _check_seed(rounding_seed):
+    if not isinstance(rounding_seed, int) or isinstance(rounding_seed, bool):
+        raise TypeError("rounding_seed must be an int, got " + type(rounding_seed).__name__)
+    if not -(2 ** 63) <= rounding_seed < 2 ** 64:
+        raise ValueError("rounding_seed must fit in 64 bits")
+
+
 def _check_keywords(slot_dtype, stochastic_rounding):
     if not isinstance(slot_dtype, str):
         raise TypeError("incompatible function arguments (stand-in _core_cuda)")
@@ -228,13 +235,14 @@ def _is_index_error(e):
 
 
 def apply_dense(rule, var, slots, grad, hyper, options={}, stream=0, dtype="", *,  # noqa: B006
-                slot_dtype="", stochastic_rounding=False):
+                slot_dtype="", stochastic_rounding=False, rounding_seed=0):
     """Dense update of var and slots in place, enqueued on `stream`. Slots: var's dtype or,
     beside a float32 var, all bfloat16 or all float16 (slot_dtype='bfloat16' for 2-byte
     arrays of bfloat16 bits), rounded to nearest even or, with stochastic_rounding=True,
     stochastically."""
     _check_types(rule, slots, hyper, options, stream, dtype)
     stochastic = _check_keywords(slot_dtype, stochastic_rounding)
+    _check_seed(rounding_seed)
     v, s, g, dtype_name, slot_name = _check_state(rule, var, slots, grad, dtype, slot_dtype)
     # Shapes and hyper-parameters: the engine's own checks, on zeros of the same shapes.
     _core.apply_dense(rule, v.blank(dtype_name), [x.blank(slot_name) for x in s],
@@ -244,16 +252,19 @@ def apply_dense(rule, var, slots, grad, hyper, options={}, stream=0, dtype="", *
     _check_device_of(v)
     arrays = v.memory(dtype_name), [x.memory(slot_name) for x in s], g.memory(dtype_name)
     _device.launch(int(stream), lambda: _core.apply_dense(rule, *arrays, hyper, options,
-                                                          stochastic_rounding=stochastic))
+                                                          stochastic_rounding=stochastic,
+                       rounding_seed=rounding_seed))
 
 
 def apply_sparse(rule, var, slots, grad, indices, hyper, options={}, stream=0,  # noqa: B006
-                 dtype="", wait=True, *, slot_dtype="", stochastic_rounding=False):
+                 dtype="", wait=True, *, slot_dtype="", stochastic_rounding=False,
+                 rounding_seed=0):
     """Sparse update of the rows named by indices (duplicates summed first), in place;
     out-of-range indices raise ValueError with nothing written (wait=False: from the returned
     PendingCheck's result()). Slots as apply_dense takes them."""
     _check_types(rule, slots, hyper, options, stream, dtype, wait)
     stochastic = _check_keywords(slot_dtype, stochastic_rounding)
+    _check_seed(rounding_seed)
     i = _Interface(indices, "indices")
     _require(i.typestr[1:] in ("i4", "i8"), "indices must be int32 or int64, got typestr "
              + i.typestr)
@@ -276,7 +287,8 @@ def apply_sparse(rule, var, slots, grad, indices, hyper, options={}, stream=0,  
 
     def check_and_update():
         try:
-            _core.apply_sparse(rule, *arrays, hyper, options, stochastic_rounding=stochastic)
+            _core.apply_sparse(rule, *arrays, hyper, options, stochastic_rounding=stochastic,
+                       rounding_seed=rounding_seed)
         except ValueError as e:
             if not _is_index_error(e):
                 raise
@@ -287,7 +299,8 @@ def apply_sparse(rule, var, slots, grad, indices, hyper, options={}, stream=0,  
 
 
 def apply_dense_group(rule, vars, slots, grads, hyper, options={}, stream=0,  # noqa: B006
-                      dtype="", *, slot_dtype="", stochastic_rounding=False):
+                      dtype="", *, slot_dtype="", stochastic_rounding=False,
+                      rounding_seed=0):
     """Dense updates of many variables in place (the group op's engine), enqueued on
     `stream`; slots: one list per slot, each with an entry per variable, all of one dtype
     (as apply_dense takes them)."""
@@ -295,6 +308,7 @@ def apply_dense_group(rule, vars, slots, grads, hyper, options={}, stream=0,  # 
         raise TypeError("incompatible function arguments (stand-in _core_cuda)")
     _check_types(rule, list(slots), hyper, options, stream, dtype)
     stochastic = _check_keywords(slot_dtype, stochastic_rounding)
+    _check_seed(rounding_seed)
     n = len(vars)
     _require(len(grads) == n, f"vars and grads must have one entry per variable, got {n} and "
              f"{len(grads)}")
@@ -351,5 +365,6 @@ def apply_dense_group(rule, vars, slots, grads, hyper, options={}, stream=0,  # 
 
     def update_all():
         for a in arrays:
-            _core.apply_dense(rule, *a, hyper, options, stochastic_rounding=stochastic)
+            _core.apply_dense(rule, *a, hyper, options, stochastic_rounding=stochastic,
+                       rounding_seed=rounding_seed)
     _device.launch(int(stream), update_all)
