@@ -23,14 +23,21 @@ Flags (each falls back to ``TF_CONFIG`` when not given):
 
 The library is found as ``fusedopt.ops`` finds it (``$FUSEDOPT_OPS_LIBRARY`` or the one in
 the package). Exit status (each failure is one line on stderr): 2 for bad flags or a bad
-cluster/TF_CONFIG (wrong JSON shape, an address that is not host:port with a port in
-1..65535, a task index that is not an integer or out of range), 1 when the library does
+cluster/TF_CONFIG (wrong JSON shape, a job name TensorFlow cannot hold: it must be a letter
+followed by letters, digits or underscores; an address that is not host:port with a port
+in 1..65535, a task index that is not an integer or out of range), 1 when the library does
 not load, 3 when the server cannot start (e.g. its port is in use).
 """
 import argparse
 import json
 import os
+import re
 import sys
+
+# TensorFlow's rule for a job name (DeviceNameUtils' IsJobName): an ASCII letter, then
+# letters, digits or underscores. Any other name ends in TensorFlow's check failure
+# (SIGABRT) once the server starts.
+JOB_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
 def parse_args(argv=None):
@@ -70,12 +77,19 @@ def _check_address(address, where):
                          % (where, address))
 
 
+def _check_job_name(job, where):
+    if not JOB_NAME.fullmatch(job):
+        raise ValueError("%s %r is not a job name TensorFlow accepts (a letter, then letters, "
+                         "digits or underscores)" % (where, job))
+
+
 def _check_cluster(cluster, what):
     """cluster: {job: ["host:port", ...]}, as TF_CONFIG has it."""
     if not isinstance(cluster, dict) or not cluster:
         raise ValueError('%s must be a non-empty object {job: ["host:port", ...]}, got %r'
                          % (what, cluster))
     for job, tasks in cluster.items():
+        _check_job_name(job, "%s: job" % what)
         if not isinstance(tasks, list):
             raise ValueError('%s: job %r must be a list of "host:port", got %r'
                              % (what, job, tasks))
@@ -117,6 +131,8 @@ def resolve(args, environ=None):
         raise ValueError("pass --job_name and --task_index (or TF_CONFIG's task)")
     if not isinstance(job, str):
         raise ValueError("the job name must be a string, got %r" % (job,))
+    _check_job_name(job, "--job_name" if args.job_name is not None
+                    else 'TF_CONFIG["task"]["type"]')
     index = _task_index(index, "task_index" if args.task_index is not None
                         else 'TF_CONFIG["task"]["index"]')
     if job not in cluster:

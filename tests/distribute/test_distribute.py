@@ -434,6 +434,26 @@ BAD_CONFIGS = [  # (id, TF_CONFIG, extra argv, message)
                                       "ps", "--task_index", "0", "--ready_file",
                                       "/nonexistent/dir/ready.json"], "no such directory"),
 ]
+# Job names TensorFlow cannot hold (its rule: a letter, then letters, digits or underscores)
+# end in its check failure (SIGABRT) once the server starts: refused first, as bad flags.
+BAD_JOB_NAMES = ["ps/evil", "w:1", "a b", "", "ps-1", "ps.0", "1ps", "_ps", "ps\n",
+                 "p\u00e9", "ps!", "job/replica:0"]
+BAD_CONFIGS += [("job_name_%d_tf_config" % i, {"cluster": {name: ["127.0.0.1:2222"]},
+                                                "task": {"type": name, "index": 0}}, [],
+                 'TF_CONFIG["cluster"]: job %r is not a job name TensorFlow accepts' % name)
+                for i, name in enumerate(BAD_JOB_NAMES)]
+BAD_CONFIGS += [
+    ("job_name_flags", None, ["--cluster_spec", json.dumps({"w:1": ["127.0.0.1:2222"]}),
+                              "--job_name", "w:1", "--task_index", "0"],
+     "--cluster_spec: job 'w:1' is not a job name TensorFlow accepts"),
+    ("job_name_other_job", {"cluster": {"ps": ["127.0.0.1:2222"], "ps/evil": ["127.0.0.1:2223"]},
+                            "task": {"type": "ps", "index": 0}}, [],
+     "job 'ps/evil' is not a job name TensorFlow accepts"),
+    ("job_name_flag_only", {"cluster": _CLUSTER}, ["--job_name", "ps/evil", "--task_index", "0"],
+     "--job_name 'ps/evil' is not a job name TensorFlow accepts"),
+    ("job_name_task_type_only", {"cluster": _CLUSTER, "task": {"type": "a b", "index": 0}}, [],
+     'TF_CONFIG["task"]["type"] \'a b\' is not a job name TensorFlow accepts'),
+]
 
 
 @pytest.mark.parametrize("tf_config,argv,message", [c[1:] for c in BAD_CONFIGS],
