@@ -22,11 +22,14 @@ Flags (each falls back to ``TF_CONFIG`` when not given):
   --ready_file PATH        write this file (JSON: job, task, target, library) once serving
 
 The library is found as ``fusedopt.ops`` finds it (``$FUSEDOPT_OPS_LIBRARY`` or the one in
-the package). Exit status (each failure is one line on stderr): 2 for bad flags or a bad
-cluster/TF_CONFIG (wrong JSON shape, a job name TensorFlow cannot hold: it must be a letter
-followed by letters, digits or underscores; an address that is not host:port with a port
-in 1..65535, a task index that is not an integer or out of range), 1 when the library does
-not load, 3 when the server cannot start (e.g. its port is in use).
+the package). Exit status, each failure one line on stderr:
+  2  bad flags or a bad cluster/TF_CONFIG: wrong JSON shape; a job name TensorFlow cannot
+     hold (it must be a letter, then letters, digits or underscores); an address that is
+     not host:port with a port in 1..65535; a task index that is not an integer or out of
+     range; a --ready_file that cannot be written (tried before the server starts; should
+     writing it still fail once serving, the process ends at once, leaving nothing running)
+  1  the op library does not load
+  3  the server cannot start (e.g. its port is in use)
 """
 import argparse
 import json
@@ -166,6 +169,37 @@ def start(cluster, job_name, task_index, protocol="grpc"):
                                 task_index=task_index, protocol=protocol, start=True)
 
 
+def ready_file_problem(path):
+    """Why the ready file cannot be written at ``path`` (None when it can), found before the
+    server starts: by creating and removing the temporary file it is renamed from."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        return "%s is not a directory" % directory if os.path.exists(directory) else \
+            "no such directory"
+    if os.path.isdir(path):
+        return "is a directory"
+    try:
+        with open(path + ".tmp", "w"):
+            pass
+        os.unlink(path + ".tmp")
+    except OSError as e:
+        return "cannot write in %s (%s)" % (directory, e.strerror or e)
+    return None
+
+
+def write_ready_file(path, info):
+    """Writes ``info`` (JSON) to ``path`` whole: through a temporary file renamed over it."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(info, f)
+        os.replace(tmp, path)
+    except OSError:
+        if os.path.isfile(tmp):
+            os.unlink(tmp)
+        raise
+
+
 def _one_line(error):
     """TF's message without its node/trace decorations, on one line."""
     text = getattr(error, "message", None) or str(error) or type(error).__name__
@@ -179,8 +213,9 @@ def main(argv=None):
     except ValueError as e:
         print("fusedopt.server: %s" % e, file=sys.stderr)
         return 2
-    if args.ready_file and not os.path.isdir(os.path.dirname(os.path.abspath(args.ready_file))):
-        print("fusedopt.server: --ready_file %s: no such directory" % args.ready_file,
+    problem = args.ready_file and ready_file_problem(args.ready_file)
+    if problem:
+        print("fusedopt.server: --ready_file %s: %s" % (args.ready_file, problem),
               file=sys.stderr)
         return 2
     if args.log_device_placement:
@@ -203,13 +238,17 @@ def main(argv=None):
 
     info = dict(job=job, task=index, target=server.target, library=_loader.library_path(),
                 pid=os.getpid())
+    if args.ready_file:
+        try:
+            write_ready_file(args.ready_file, info)
+        except OSError as e:  # writable a moment ago (ready_file_problem): removed, full, ...
+            print("fusedopt.server: --ready_file %s: cannot write it (%s); stopping"
+                  % (args.ready_file, e.strerror or e), file=sys.stderr, flush=True)
+            # TensorFlow cannot stop a started server ("clean shutdown is not implemented")
+            # and may abort at interpreter exit: end the process now, closing its port.
+            os._exit(2)
     print("fusedopt.server: serving /job:%s/task:%d at %s (ops from %s)"
           % (job, index, server.target, info["library"]), flush=True)
-    if args.ready_file:
-        tmp = args.ready_file + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(info, f)
-        os.replace(tmp, args.ready_file)
     server.join()
     return 0
 

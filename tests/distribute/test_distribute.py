@@ -468,6 +468,80 @@ def test_server_bad_configuration_exits_2_with_one_line(tf_config, argv, message
     assert message in lines[0]
 
 
+def _one_server_line(proc):
+    """The one line a refused fusedopt.server wrote (stderr), checked to be alone."""
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fusedopt.server: "), proc.stderr[-3000:]
+    return lines[0]
+
+
+def _ps_flags(port, *extra):
+    return ["--cluster_spec", json.dumps({"ps": ["127.0.0.1:%d" % port]}), "--job_name", "ps",
+            "--task_index", "0", *extra]
+
+
+@pytest.mark.parametrize("kind", ["directory", "parent_is_a_file", "in_proc"])
+def test_server_unwritable_ready_file_exits_2_before_serving(tmp_path, kind):
+    """A --ready_file that cannot be written (even by root) is refused before the server
+    starts: one line, exit 2, nothing left running or written."""
+    ready = {"directory": tmp_path / "ready", "parent_is_a_file": tmp_path / "file" / "ready",
+             "in_proc": "/proc/fusedopt-ready-%d.json" % os.getpid()}[kind]
+    problem = {"directory": "is a directory",
+               "parent_is_a_file": "%s is not a directory" % (tmp_path / "file"),
+               "in_proc": "cannot write in /proc ("}[kind]
+    if kind == "directory":
+        ready.mkdir()
+    elif kind == "parent_is_a_file":
+        (tmp_path / "file").write_text("")
+    proc = subprocess.run([sys.executable, "-m", "fusedopt.server",
+                           *_ps_flags(free_ports(1)[0], "--ready_file", str(ready))],
+                          env=_env(TF_CONFIG=""), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = _one_server_line(proc)
+    assert line.startswith("fusedopt.server: --ready_file %s: %s" % (ready, problem)), line
+    assert sorted(os.listdir(tmp_path)) == {"directory": ["ready"], "parent_is_a_file": ["file"],
+                                            "in_proc": []}[kind]  # nothing written
+
+
+SERVER_LOSING_ITS_READY_DIRECTORY = """if 1:
+    import os, sys
+    from fusedopt import server
+    start, ready_dir = server.start, sys.argv[1]
+
+    def start_then_lose_the_directory(*args):
+        started = start(*args)
+        os.rmdir(ready_dir)  # checked writable, then gone once serving: a file in its place
+        open(ready_dir, "w").close()
+        return started
+
+    server.start = start_then_lose_the_directory
+    sys.exit(server.main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.slow
+def test_server_ready_file_failing_once_serving_stops_the_server(tmp_path):
+    """The --ready_file directory was writable when checked and is gone once the server
+    serves: one line, exit 2, the process ends and its port is free again."""
+    ready_dir = tmp_path / "ready_dir"
+    ready_dir.mkdir()
+    port = free_ports(1)[0]
+    proc = subprocess.run([sys.executable, "-c", SERVER_LOSING_ITS_READY_DIRECTORY,
+                           str(ready_dir), *_ps_flags(port, "--ready_file",
+                                                      str(ready_dir / "ready.json"))],
+                          env=_env(TF_CONFIG=""), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = _one_server_line(proc)
+    assert line.startswith("fusedopt.server: --ready_file %s: cannot write it ("
+                           % (ready_dir / "ready.json")), line
+    assert line.endswith("; stopping"), line
+    assert "serving" not in proc.stdout, proc.stdout
+    with socket.socket() as free:  # nothing listens on the port any more (a [::] socket
+        free.bind(("0.0.0.0", port))  # taking IPv4 too would refuse this bind)
+        free.listen()
+
+
 def test_server_port_in_use_exits_3_with_one_line():
     with socket.socket() as taken:  # bound and listening: gRPC cannot bind it
         taken.bind(("127.0.0.1", 0))
