@@ -30,11 +30,19 @@ the package). Exit status, each failure one line on stderr:
      writing it still fail once serving, the process ends at once, leaving nothing running)
   1  the op library does not load
   3  the server cannot start (e.g. its port is in use)
+
+Security: TensorFlow's gRPC server listens on every network interface of the machine
+(address 0.0.0.0 / [::]) whatever host the cluster spec names, and it is unauthenticated:
+it runs any graph it is sent. TensorFlow has no option to listen on one address only. Once
+serving, the server says so in one line on stderr when its socket is bound to every
+interface (read from /proc on Linux; said too where that cannot be read): keep the port
+private (a firewall rule, a private network).
 """
 import argparse
 import json
 import os
 import re
+import socket
 import sys
 
 # TensorFlow's rule for a job name (DeviceNameUtils' IsJobName): an ASCII letter, then
@@ -200,6 +208,54 @@ def write_ready_file(path, info):
         raise
 
 
+def listening_addresses(port):
+    """The addresses this process's TCP sockets listen on at ``port`` (Linux's /proc; "::"
+    or "0.0.0.0": every interface), or None where /proc cannot tell."""
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    inodes = set()
+    for fd in fds:
+        try:
+            link = os.readlink("/proc/self/fd/" + fd)
+        except OSError:  # closed meanwhile
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    found = []
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        try:
+            with open("/proc/self/net/" + table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:  # e.g. no IPv6
+            continue
+        for row in rows:  # sl local_address rem_address st ... inode
+            fields = row.split()
+            address, _, hex_port = fields[1].partition(":")
+            if fields[3] == "0A" and int(hex_port, 16) == port and fields[9] in inodes:
+                raw = bytes.fromhex(address)  # 32-bit words in the machine's byte order
+                if sys.byteorder == "little":
+                    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                found.append(socket.inet_ntop(family, raw))
+    return found or None
+
+
+def exposure_note(host, port, addresses):
+    """The one line saying that the server listens on every interface, or None when the
+    addresses it listens on (listening_addresses) are all specific ones."""
+    wildcards = [a for a in addresses or ["0.0.0.0"] if a in ("0.0.0.0", "::")]
+    if not wildcards:
+        return None
+    where = " / ".join("[%s]" % a if ":" in a else a for a in wildcards)
+    named = "" if host.strip("[]") in ("0.0.0.0", "::", "") else \
+        ", not only on %s as the cluster spec says" % host
+    return ("fusedopt.server: note: TensorFlow's gRPC server listens on every network interface "
+            "of this machine (address %s, port %d)%s; it is unauthenticated and runs any graph "
+            "it is sent: keep the port private (a firewall rule, a private network)"
+            % (where, port, named))
+
+
 def _one_line(error):
     """TF's message without its node/trace decorations, on one line."""
     text = getattr(error, "message", None) or str(error) or type(error).__name__
@@ -247,6 +303,10 @@ def main(argv=None):
             # TensorFlow cannot stop a started server ("clean shutdown is not implemented")
             # and may abort at interpreter exit: end the process now, closing its port.
             os._exit(2)
+    host, _, port = cluster[job][index].rpartition(":")
+    note = exposure_note(host, int(port), listening_addresses(int(port)))
+    if note:
+        print(note, file=sys.stderr, flush=True)
     print("fusedopt.server: serving /job:%s/task:%d at %s (ops from %s)"
           % (job, index, server.target, info["library"]), flush=True)
     server.join()

@@ -542,6 +542,90 @@ def test_server_ready_file_failing_once_serving_stops_the_server(tmp_path):
         free.listen()
 
 
+def _listening_on(port):
+    """The local addresses (hex, as /proc/net/tcp{,6} print them) of every socket listening
+    on ``port`` in this network namespace."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if os.path.exists(table):
+            with open(table) as f:
+                for row in f.read().splitlines()[1:]:
+                    local, state = row.split()[1], row.split()[3]
+                    if state == "0A" and local.endswith(":%04X" % port):
+                        found.append(local.rsplit(":", 1)[0])
+    return found
+
+
+def _other_local_ipv4_addresses():
+    """This machine's own IPv4 addresses outside 127/8 (Linux's /proc/net/fib_trie)."""
+    if not os.path.exists("/proc/net/fib_trie"):
+        return []
+    with open("/proc/net/fib_trie") as f:
+        rows = f.read().splitlines()
+    return sorted({rows[i - 1].split()[-1] for i, row in enumerate(rows)
+                   if row.split() == ["/32", "host", "LOCAL"]
+                   and not rows[i - 1].split()[-1].startswith("127.")})
+
+
+@pytest.mark.slow
+def test_server_says_so_when_it_listens_on_every_interface(procs, tmp_path):
+    """The cluster spec names 127.0.0.1; TensorFlow's server binds its port on every
+    interface (0.0.0.0 / [::], hard-coded in TF). The one-line note on stderr must be there
+    exactly when that is true of the listening socket (read here from /proc/net)."""
+    port = free_ports(1)[0]
+    out, err = open(tmp_path / "out", "w"), open(tmp_path / "err", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "fusedopt.server", *_ps_flags(port)],
+                            env=_env(TF_CONFIG=""), stdout=out, stderr=err,
+                            start_new_session=True)
+    procs.procs.append(proc)  # killed in teardown
+    deadline = time.time() + 150
+    while "fusedopt.server: serving" not in (tmp_path / "out").read_text():
+        assert proc.poll() is None, (tmp_path / "err").read_text()[-3000:]
+        assert time.time() < deadline, "not serving:\n" + (tmp_path / "err").read_text()[-3000:]
+        time.sleep(0.2)
+    listening = _listening_on(port)
+    assert listening, "no socket listens on port %d" % port
+    everywhere = any(set(address) == {"0"} for address in listening)  # 0.0.0.0 or [::]
+    if everywhere:  # reachable through this machine's other IPv4 addresses too
+        for address in _other_local_ipv4_addresses():
+            socket.create_connection((address, port), timeout=10).close()
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    lines = [line for line in (tmp_path / "err").read_text().splitlines()
+             if line.startswith("fusedopt.server")]
+    if not everywhere:
+        assert lines == [], lines
+        return
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("fusedopt.server: note: TensorFlow's gRPC server listens on "
+                               "every network interface of this machine (address "), lines
+    assert "port %d), not only on 127.0.0.1 as the cluster spec says" % port in lines[0]
+    assert "unauthenticated" in lines[0] and "keep the port private" in lines[0]
+
+
+def test_server_reads_its_listening_addresses_and_notes_only_wildcards():
+    from fusedopt import server
+
+    for family, host in [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET, "0.0.0.0"),
+                         (socket.AF_INET6, "::1"), (socket.AF_INET6, "::")]:
+        with socket.socket(family) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+            assert server.listening_addresses(port) is None  # bound, not listening
+            s.listen()
+            assert server.listening_addresses(port) == [host]
+            note = server.exposure_note("127.0.0.1", port, [host])
+            if host in ("127.0.0.1", "::1"):
+                assert note is None
+            else:
+                assert "(address %s, port %d), not only on 127.0.0.1" % (
+                    "[::]" if host == "::" else host, port) in note
+    assert "address 0.0.0.0 / [::], port 7)" in server.exposure_note("h", 7, ["0.0.0.0", "::"])
+    # where /proc cannot tell: TensorFlow's own address is assumed
+    assert "address 0.0.0.0, port 7), not only on h " in server.exposure_note("h", 7, None)
+    assert "not only" not in server.exposure_note("0.0.0.0", 7, ["::"])
+
+
 def test_server_port_in_use_exits_3_with_one_line():
     with socket.socket() as taken:  # bound and listening: gRPC cannot bind it
         taken.bind(("127.0.0.1", 0))
