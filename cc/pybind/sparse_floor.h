@@ -10,7 +10,9 @@
 //          prefetched a few rows ahead; per-row slots (one value per row) likewise.
 // The tables are the probe's own ([num_rows, row_size] float32 each), on 2 MB pages where
 // the kernel grants them (MADV_HUGEPAGE, then MADV_COLLAPSE), and touched before timing.
-// No check beyond what the probe needs to stay in bounds: it is a measuring stick.
+// Footprint() counts every buffer Measure allocates, so that the caller can refuse a call
+// that would not fit before anything is allocated. No other check beyond what the probe
+// needs to stay in bounds: it is a measuring stick.
 #pragma once
 
 #include <sys/mman.h>
@@ -66,16 +68,19 @@ class Table {
   float* data_;
 };
 
+// Slots of the grouping's hash table for a batch of n ids: a power of two, at least 16 and 2n.
+inline double HashCapacity(double n) {
+  double capacity = 16;
+  while (capacity < 2 * n) capacity *= 2;
+  return capacity;
+}
+
 // Stage 1: distinct rows (first appearance) and their summed gradient rows.
 class Grouper {
  public:
   void Run(const Batch& batch, const float* grad, int64_t row_size) {
-    int64_t capacity = 16;
-    int shift = 64 - 4;
-    while (capacity < 2 * batch.n) {
-      capacity *= 2;
-      --shift;
-    }
+    const auto capacity = static_cast<int64_t>(HashCapacity(static_cast<double>(batch.n)));
+    const int shift = 64 - __builtin_ctzll(static_cast<uint64_t>(capacity));
     if (static_cast<int64_t>(keys_.size()) != capacity) {
       keys_.assign(capacity, -1);
       slot_group_.resize(capacity);
@@ -83,6 +88,8 @@ class Grouper {
     const uint64_t mask = static_cast<uint64_t>(capacity - 1);
     rows.clear();
     used_.clear();
+    rows.reserve(static_cast<size_t>(batch.n));  // the sizes Footprint counts
+    used_.reserve(static_cast<size_t>(batch.n));
     sums.resize(static_cast<size_t>(batch.n * row_size));
     for (int64_t i = 0; i < batch.n; ++i) {
       const int64_t id = batch.ids[i];
@@ -139,6 +146,31 @@ inline void UpdateRows(const std::vector<int64_t>& rows, const float* sums, int6
       value = 0.9f * value + 0.1f * sum[0];
     }
   }
+}
+
+// The bytes Measure allocates and touches for batches of these sizes: the tables, the
+// gradient (as long as the longest batch), the ids as int64 (the caller's array or its copy)
+// and each batch's grouping (summed rows; distinct rows and used slots, n each at most; the
+// hash table's keys and groups). Doubles: sizes beyond int64 are counted, not wrapped.
+struct Footprint {
+  double tables = 0, gradient = 0, ids = 0, grouping = 0;
+  double Total() const { return tables + gradient + ids + grouping; }
+};
+
+inline Footprint BytesNeeded(const std::vector<int64_t>& batch_sizes, int64_t num_rows,
+                             int64_t row_size, int element_slots, int row_slots) {
+  const double width = static_cast<double>(row_size);
+  Footprint f;
+  f.tables = 4.0 * static_cast<double>(num_rows) * ((1 + element_slots) * width + row_slots);
+  double most = 0;
+  for (const int64_t size : batch_sizes) {
+    const double n = static_cast<double>(size);
+    most = std::max(most, n);
+    f.ids += 8.0 * n;
+    f.grouping += 4.0 * n * width + 2 * 8.0 * n + 2 * 8.0 * HashCapacity(n);
+  }
+  f.gradient = 4.0 * most * width;
+  return f;
 }
 
 inline double Milliseconds(std::chrono::steady_clock::time_point since) {
