@@ -383,7 +383,9 @@ void DefineCoreModule(py::module_& m) {
       "`repeats` over the batches (lists of int64 ids in [0, num_rows)); distinct_rows of the "
       "first batch. Refused with a ValueError naming the sizes, before anything is allocated, "
       "when the buffers it would allocate (tables, gradient, ids, grouping) together take more "
-      "than half of this machine's memory.");
+      "than half of this machine's memory. Its threads (num_threads, at most 256) meet at a "
+      "barrier that spins briefly, then yields the core: more threads than cores is slower, "
+      "never stalled.");
   m.def(
       "memory_bandwidth",
       [](const std::string& kernel, int64_t n, int num_threads, int repeats) {

@@ -65,7 +65,7 @@ def test_refuses_bad_sizes_before_mapping_anything(kwargs, message):
         _core.sparse_floor(**args)
 
 
-# --- refused before allocating (child processes)
+# --- refused before allocating; never stalled by more threads than cores (child processes)
 
 CHILD = """if 1:
     import json, resource, sys
@@ -141,3 +141,13 @@ def test_refuses_batches_beyond_the_memory_before_allocating_them(case):
     assert total > memory / 2
     assert out["maxrss_mb"] < 1024, out  # nothing of the batch's size was touched
 
+
+@pytest.mark.slow
+def test_more_threads_than_cores_does_not_stall():
+    """The threads meet at a barrier twice a batch: one that spun without yielding took
+    about a second per repeat for 64 threads on 2 cores (1000 repeats: a quarter of an hour);
+    yielding, a few seconds."""
+    threads = min(256, max(64, 4 * (os.cpu_count() or 1)))
+    out = _child(120, batch_sizes=[256], address_space_limit=False, num_rows=100, row_size=4,
+                 element_slots=1, num_threads=threads, repeats=1000)
+    assert out["result"]["distinct_rows"] == 1, out
