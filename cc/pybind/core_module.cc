@@ -322,25 +322,41 @@ void DefineCoreModule(py::module_& m) {
                 "element_slots and row_slots must be in [0, 4]");
         Require(repeats >= 1 && repeats <= 10000, "repeats must be in [1, 10000]");
         Require(num_rows <= (int64_t{1} << 40) / row_size, "num_rows * row_size is too large");
-        // The probe maps and touches its tables: at most half of this machine's memory.
-        const double bytes = 4.0 * static_cast<double>(num_rows) *
-                             static_cast<double>((1 + element_slots) * row_size + row_slots);
+        const int threads = ThreadCount(num_threads);
+        // The batches' sizes first (no copy yet), so that the memory check below comes
+        // before any buffer of the probe (or copy of the ids) is allocated.
+        std::vector<py::array> given;
+        std::vector<int64_t> sizes;
+        for (const py::handle& item : batches) {
+          given.push_back(py::array::ensure(item));
+          const py::array& ids = given.back();
+          Require(ids && (ids.dtype().kind() == 'i' || ids.dtype().kind() == 'u'),
+                  "each batch of ids must be an integer array, got " + TypeName(item) +
+                      (ids ? " of dtype " + std::string(py::str(ids.dtype())) : ""));
+          Require(ids.ndim() == 1 && ids.size() > 0,
+                  "each batch of ids must be a non-empty 1-D array");
+          sizes.push_back(static_cast<int64_t>(ids.size()));
+        }
+        Require(!sizes.empty(), "batches must hold at least one array of ids");
+        // The probe touches every buffer it allocates: all of them together at most half of
+        // this machine's memory.
+        const sparse_floor::Footprint need =
+            sparse_floor::BytesNeeded(sizes, num_rows, row_size, element_slots, row_slots);
         const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
                               static_cast<double>(sysconf(_SC_PAGESIZE));
-        Require(bytes <= memory / 2, "the probe's tables would take " +
-                                         std::to_string(static_cast<int64_t>(bytes / 1e6)) +
-                                         " MB, more than half of this machine's memory");
-        const int threads = ThreadCount(num_threads);
+        auto mb = [](double bytes) {
+          return std::to_string(static_cast<int64_t>(bytes / 1e6)) + " MB";
+        };
+        Require(need.Total() <= memory / 2,
+                "the probe would take " + mb(need.Total()) + " (tables " + mb(need.tables) +
+                    ", gradient " + mb(need.gradient) + ", ids " + mb(need.ids) +
+                    ", grouping " + mb(need.grouping) +
+                    "), more than half of this machine's memory (" + mb(memory) + ")");
         std::vector<py::array_t<int64_t, py::array::c_style | py::array::forcecast>> held;
         std::vector<sparse_floor::Batch> list;
-        for (const py::handle& item : batches) {
-          const py::array given = py::array::ensure(item);
-          Require(given && (given.dtype().kind() == 'i' || given.dtype().kind() == 'u'),
-                  "each batch of ids must be an integer array, got " + TypeName(item) +
-                      (given ? " of dtype " + std::string(py::str(given.dtype())) : ""));
-          held.emplace_back(given);
+        for (const py::array& ids_given : given) {
+          held.emplace_back(ids_given);
           const auto& ids = held.back();
-          Require(ids.ndim() == 1 && ids.size() > 0, "each batch of ids must be a non-empty 1-D array");
           const int64_t* data = ids.data();
           for (py::ssize_t i = 0; i < ids.size(); ++i) {
             Require(data[i] >= 0 && data[i] < num_rows,
@@ -348,7 +364,6 @@ void DefineCoreModule(py::module_& m) {
           }
           list.push_back({data, static_cast<int64_t>(ids.size())});
         }
-        Require(!list.empty(), "batches must hold at least one array of ids");
         sparse_floor::Result r;
         {
           py::gil_scoped_release release;
@@ -369,7 +384,11 @@ void DefineCoreModule(py::module_& m) {
       "(num_threads threads: read, update and write exactly those rows of var, element_slots "
       "per-element and row_slots per-row slots), floor_ms (their sum), each the best of "
       "`repeats` over the batches (lists of int64 ids in [0, num_rows)); distinct_rows of the "
-      "first batch.");
+      "first batch. Refused with a ValueError naming the sizes, before anything is allocated, "
+      "when the buffers it would allocate (tables, gradient, ids, grouping) together take more "
+      "than half of this machine's memory. Its threads (num_threads, at most 256) meet at a "
+      "barrier that spins briefly, then yields the core: more threads than cores is slower, "
+      "never stalled.");
   m.def(
       "memory_bandwidth",
       [](const std::string& kernel, int64_t n, int num_threads, int repeats) {

@@ -10,7 +10,9 @@
 //          prefetched a few rows ahead; per-row slots (one value per row) likewise.
 // The tables are the probe's own ([num_rows, row_size] float32 each), on 2 MB pages where
 // the kernel grants them (MADV_HUGEPAGE, then MADV_COLLAPSE), and touched before timing.
-// No check beyond what the probe needs to stay in bounds: it is a measuring stick.
+// Footprint() counts every buffer Measure allocates, so that the caller can refuse a call
+// that would not fit before anything is allocated. No other check beyond what the probe
+// needs to stay in bounds: it is a measuring stick.
 #pragma once
 
 #include <sys/mman.h>
@@ -23,6 +25,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cc/core/executor.h"
@@ -66,16 +69,19 @@ class Table {
   float* data_;
 };
 
+// Slots of the grouping's hash table for a batch of n ids: a power of two, at least 16 and 2n.
+inline double HashCapacity(double n) {
+  double capacity = 16;
+  while (capacity < 2 * n) capacity *= 2;
+  return capacity;
+}
+
 // Stage 1: distinct rows (first appearance) and their summed gradient rows.
 class Grouper {
  public:
   void Run(const Batch& batch, const float* grad, int64_t row_size) {
-    int64_t capacity = 16;
-    int shift = 64 - 4;
-    while (capacity < 2 * batch.n) {
-      capacity *= 2;
-      --shift;
-    }
+    const auto capacity = static_cast<int64_t>(HashCapacity(static_cast<double>(batch.n)));
+    const int shift = 64 - __builtin_ctzll(static_cast<uint64_t>(capacity));
     if (static_cast<int64_t>(keys_.size()) != capacity) {
       keys_.assign(capacity, -1);
       slot_group_.resize(capacity);
@@ -83,6 +89,8 @@ class Grouper {
     const uint64_t mask = static_cast<uint64_t>(capacity - 1);
     rows.clear();
     used_.clear();
+    rows.reserve(static_cast<size_t>(batch.n));  // the sizes Footprint counts
+    used_.reserve(static_cast<size_t>(batch.n));
     sums.resize(static_cast<size_t>(batch.n * row_size));
     for (int64_t i = 0; i < batch.n; ++i) {
       const int64_t id = batch.ids[i];
@@ -141,6 +149,31 @@ inline void UpdateRows(const std::vector<int64_t>& rows, const float* sums, int6
   }
 }
 
+// The bytes Measure allocates and touches for batches of these sizes: the tables, the
+// gradient (as long as the longest batch), the ids as int64 (the caller's array or its copy)
+// and each batch's grouping (summed rows; distinct rows and used slots, n each at most; the
+// hash table's keys and groups). Doubles: sizes beyond int64 are counted, not wrapped.
+struct Footprint {
+  double tables = 0, gradient = 0, ids = 0, grouping = 0;
+  double Total() const { return tables + gradient + ids + grouping; }
+};
+
+inline Footprint BytesNeeded(const std::vector<int64_t>& batch_sizes, int64_t num_rows,
+                             int64_t row_size, int element_slots, int row_slots) {
+  const double width = static_cast<double>(row_size);
+  Footprint f;
+  f.tables = 4.0 * static_cast<double>(num_rows) * ((1 + element_slots) * width + row_slots);
+  double most = 0;
+  for (const int64_t size : batch_sizes) {
+    const double n = static_cast<double>(size);
+    most = std::max(most, n);
+    f.ids += 8.0 * n;
+    f.grouping += 4.0 * n * width + 2 * 8.0 * n + 2 * 8.0 * HashCapacity(n);
+  }
+  f.gradient = 4.0 * most * width;
+  return f;
+}
+
 inline double Milliseconds(std::chrono::steady_clock::time_point since) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count();
 }
@@ -171,11 +204,21 @@ inline Result Measure(const std::vector<Batch>& batches, int64_t num_rows, int64
   result.group_ms = result.rows_ms = 1e300;
   // The threads live for the whole measurement and meet at a spinning barrier, so no
   // thread start or futex wake-up is timed (the engines' pools keep their threads too).
+  // A waiting thread spins kSpinsBeforeYield checks, then yields its core at every check:
+  // with a core per thread it never sleeps; with more threads than cores the ones still
+  // working get the cores, instead of waiting out the time slices of spinning ones.
+  constexpr int kSpinsBeforeYield = 1 << 12;
   std::atomic<int64_t> arrived{0};
   auto barrier = [&](int64_t& generation) {
     ++generation;
     arrived.fetch_add(1);
+    int spins = 0;
     while (arrived.load() < generation * num_threads) {
+      if (spins < kSpinsBeforeYield) {
+        ++spins;
+      } else {
+        std::this_thread::yield();
+      }
     }
   };
   RunOnThreads(num_threads, [&](int t) {

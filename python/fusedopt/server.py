@@ -22,15 +22,33 @@ Flags (each falls back to ``TF_CONFIG`` when not given):
   --ready_file PATH        write this file (JSON: job, task, target, library) once serving
 
 The library is found as ``fusedopt.ops`` finds it (``$FUSEDOPT_OPS_LIBRARY`` or the one in
-the package). Exit status (each failure is one line on stderr): 2 for bad flags or a bad
-cluster/TF_CONFIG (wrong JSON shape, an address that is not host:port with a port in
-1..65535, a task index that is not an integer or out of range), 1 when the library does
-not load, 3 when the server cannot start (e.g. its port is in use).
+the package). Exit status, each failure one line on stderr:
+  2  bad flags or a bad cluster/TF_CONFIG: wrong JSON shape; a job name TensorFlow cannot
+     hold (it must be a letter, then letters, digits or underscores); an address that is
+     not host:port with a port in 1..65535; a task index that is not an integer or out of
+     range; a --ready_file that cannot be written (tried before the server starts; should
+     writing it still fail once serving, the process ends at once, leaving nothing running)
+  1  the op library does not load
+  3  the server cannot start (e.g. its port is in use)
+
+Security: TensorFlow's gRPC server listens on every network interface of the machine
+(address 0.0.0.0 / [::]) whatever host the cluster spec names, and it is unauthenticated:
+it runs any graph it is sent. TensorFlow has no option to listen on one address only. Once
+serving, the server says so in one line on stderr when its socket is bound to every
+interface (read from /proc on Linux; said too where that cannot be read): keep the port
+private (a firewall rule, a private network).
 """
 import argparse
 import json
 import os
+import re
+import socket
 import sys
+
+# TensorFlow's rule for a job name (DeviceNameUtils' IsJobName): an ASCII letter, then
+# letters, digits or underscores. Any other name ends in TensorFlow's check failure
+# (SIGABRT) once the server starts.
+JOB_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 
 
 def parse_args(argv=None):
@@ -70,12 +88,19 @@ def _check_address(address, where):
                          % (where, address))
 
 
+def _check_job_name(job, where):
+    if not JOB_NAME.fullmatch(job):
+        raise ValueError("%s %r is not a job name TensorFlow accepts (a letter, then letters, "
+                         "digits or underscores)" % (where, job))
+
+
 def _check_cluster(cluster, what):
     """cluster: {job: ["host:port", ...]}, as TF_CONFIG has it."""
     if not isinstance(cluster, dict) or not cluster:
         raise ValueError('%s must be a non-empty object {job: ["host:port", ...]}, got %r'
                          % (what, cluster))
     for job, tasks in cluster.items():
+        _check_job_name(job, "%s: job" % what)
         if not isinstance(tasks, list):
             raise ValueError('%s: job %r must be a list of "host:port", got %r'
                              % (what, job, tasks))
@@ -117,6 +142,8 @@ def resolve(args, environ=None):
         raise ValueError("pass --job_name and --task_index (or TF_CONFIG's task)")
     if not isinstance(job, str):
         raise ValueError("the job name must be a string, got %r" % (job,))
+    _check_job_name(job, "--job_name" if args.job_name is not None
+                    else 'TF_CONFIG["task"]["type"]')
     index = _task_index(index, "task_index" if args.task_index is not None
                         else 'TF_CONFIG["task"]["index"]')
     if job not in cluster:
@@ -150,6 +177,85 @@ def start(cluster, job_name, task_index, protocol="grpc"):
                                 task_index=task_index, protocol=protocol, start=True)
 
 
+def ready_file_problem(path):
+    """Why the ready file cannot be written at ``path`` (None when it can), found before the
+    server starts: by creating and removing the temporary file it is renamed from."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        return "%s is not a directory" % directory if os.path.exists(directory) else \
+            "no such directory"
+    if os.path.isdir(path):
+        return "is a directory"
+    try:
+        with open(path + ".tmp", "w"):
+            pass
+        os.unlink(path + ".tmp")
+    except OSError as e:
+        return "cannot write in %s (%s)" % (directory, e.strerror or e)
+    return None
+
+
+def write_ready_file(path, info):
+    """Writes ``info`` (JSON) to ``path`` whole: through a temporary file renamed over it."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(info, f)
+        os.replace(tmp, path)
+    except OSError:
+        if os.path.isfile(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def listening_addresses(port):
+    """The addresses this process's TCP sockets listen on at ``port`` (Linux's /proc; "::"
+    or "0.0.0.0": every interface), or None where /proc cannot tell."""
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    inodes = set()
+    for fd in fds:
+        try:
+            link = os.readlink("/proc/self/fd/" + fd)
+        except OSError:  # closed meanwhile
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    found = []
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        try:
+            with open("/proc/self/net/" + table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:  # e.g. no IPv6
+            continue
+        for row in rows:  # sl local_address rem_address st ... inode
+            fields = row.split()
+            address, _, hex_port = fields[1].partition(":")
+            if fields[3] == "0A" and int(hex_port, 16) == port and fields[9] in inodes:
+                raw = bytes.fromhex(address)  # 32-bit words in the machine's byte order
+                if sys.byteorder == "little":
+                    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                found.append(socket.inet_ntop(family, raw))
+    return found or None
+
+
+def exposure_note(host, port, addresses):
+    """The one line saying that the server listens on every interface, or None when the
+    addresses it listens on (listening_addresses) are all specific ones."""
+    wildcards = [a for a in addresses or ["0.0.0.0"] if a in ("0.0.0.0", "::")]
+    if not wildcards:
+        return None
+    where = " / ".join("[%s]" % a if ":" in a else a for a in wildcards)
+    named = "" if host.strip("[]") in ("0.0.0.0", "::", "") else \
+        ", not only on %s as the cluster spec says" % host
+    return ("fusedopt.server: note: TensorFlow's gRPC server listens on every network interface "
+            "of this machine (address %s, port %d)%s; it is unauthenticated and runs any graph "
+            "it is sent: keep the port private (a firewall rule, a private network)"
+            % (where, port, named))
+
+
 def _one_line(error):
     """TF's message without its node/trace decorations, on one line."""
     text = getattr(error, "message", None) or str(error) or type(error).__name__
@@ -163,8 +269,9 @@ def main(argv=None):
     except ValueError as e:
         print("fusedopt.server: %s" % e, file=sys.stderr)
         return 2
-    if args.ready_file and not os.path.isdir(os.path.dirname(os.path.abspath(args.ready_file))):
-        print("fusedopt.server: --ready_file %s: no such directory" % args.ready_file,
+    problem = args.ready_file and ready_file_problem(args.ready_file)
+    if problem:
+        print("fusedopt.server: --ready_file %s: %s" % (args.ready_file, problem),
               file=sys.stderr)
         return 2
     if args.log_device_placement:
@@ -187,13 +294,21 @@ def main(argv=None):
 
     info = dict(job=job, task=index, target=server.target, library=_loader.library_path(),
                 pid=os.getpid())
+    if args.ready_file:
+        try:
+            write_ready_file(args.ready_file, info)
+        except OSError as e:  # writable a moment ago (ready_file_problem): removed, full, ...
+            print("fusedopt.server: --ready_file %s: cannot write it (%s); stopping"
+                  % (args.ready_file, e.strerror or e), file=sys.stderr, flush=True)
+            # TensorFlow cannot stop a started server ("clean shutdown is not implemented")
+            # and may abort at interpreter exit: end the process now, closing its port.
+            os._exit(2)
+    host, _, port = cluster[job][index].rpartition(":")
+    note = exposure_note(host, int(port), listening_addresses(int(port)))
+    if note:
+        print(note, file=sys.stderr, flush=True)
     print("fusedopt.server: serving /job:%s/task:%d at %s (ops from %s)"
           % (job, index, server.target, info["library"]), flush=True)
-    if args.ready_file:
-        tmp = args.ready_file + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(info, f)
-        os.replace(tmp, args.ready_file)
     server.join()
     return 0
 

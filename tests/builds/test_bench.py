@@ -125,3 +125,76 @@ def test_memory_bandwidth_probe_validates_and_measures():
         _core.memory_bandwidth("scale", 4096)
     with pytest.raises(ValueError, match=r"16 \* num_threads <= n"):
         _core.memory_bandwidth("copy", 8, 1, 1)
+
+
+# A damaged <out>/results.json (the results a partial re-run keeps): one line naming the
+# file and the problem, exit status 2, before TensorFlow is imported or anything runs.
+DAMAGED_RESULTS = {
+    "truncated": ('{"environment": {"date": "2026-12-01"}, "dense": {"adag', "not valid JSON"),
+    "empty": ("", "not valid JSON"),
+    "not_utf8": (b"\xff\xfe{}", "not valid JSON"),
+    "array": ("[1, 2]", "an array, not an object of results"),
+    "string": ('"results"', "a string, not an object of results"),
+    "no_environment": ('{"dense": {}}', 'no "environment" object'),
+    "scenario_not_object": ('{"environment": {}, "dense": [1]}',
+                            "the 'dense' results are an array, not an object"),
+    "scenario_rows_wrong": ('{"environment": {}, "sparse": {"lazy_adam": {"x": 1}}}',
+                            "results not laid out as this version writes them (KeyError"),
+    "directory": (None, "cannot be read (Is a directory)"),
+}
+
+
+def _damage_results(out, content):
+    path = out / "results.json"
+    if content is None:
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    return path
+
+
+@pytest.mark.parametrize("name", sorted(DAMAGED_RESULTS))
+def test_a_damaged_results_file_is_one_line_before_anything_runs(tmp_path, monkeypatch,
+                                                                 capsys, name):
+    from fusedopt.bench import cli
+
+    content, problem = DAMAGED_RESULTS[name]
+    path = _damage_results(tmp_path, content)
+
+    def never(*args, **kwargs):
+        raise AssertionError("ran past the damaged results file")
+
+    monkeypatch.setattr(cli, "import_tensorflow", never)
+    monkeypatch.setattr(cli, "run_scenario", never)
+    assert cli.main(["--scenarios", "dense", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("fusedopt.bench: %s: %s" % (path, problem)), err
+    assert "move it away or choose another --out" in err
+
+
+def test_recorded_results_are_kept_by_a_partial_rerun(tmp_path):
+    """Control: the results files the repository records pass the same check."""
+    from fusedopt.bench import cli
+
+    docs = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "bench")
+    for recorded in ("results.json", os.path.join("tf215", "results.json")):
+        with open(os.path.join(docs, recorded)) as f:
+            text = f.read()
+        (tmp_path / "results.json").write_text(text)
+        args = cli.parse_args(["--scenarios", "dense", "--out", str(tmp_path)])
+        assert cli.previous_results(args) == json.loads(text)
+
+
+@pytest.mark.slow
+def test_a_damaged_results_file_exits_2_from_the_command_line(tmp_path):
+    _damage_results(tmp_path, DAMAGED_RESULTS["truncated"][0])
+    proc = subprocess.run([sys.executable, "-m", "fusedopt.bench", "--scenarios", "dense",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stdout == "" and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and "results.json: not valid JSON" in lines[0], proc.stderr

@@ -434,6 +434,26 @@ BAD_CONFIGS = [  # (id, TF_CONFIG, extra argv, message)
                                       "ps", "--task_index", "0", "--ready_file",
                                       "/nonexistent/dir/ready.json"], "no such directory"),
 ]
+# Job names TensorFlow cannot hold (its rule: a letter, then letters, digits or underscores)
+# end in its check failure (SIGABRT) once the server starts: refused first, as bad flags.
+BAD_JOB_NAMES = ["ps/evil", "w:1", "a b", "", "ps-1", "ps.0", "1ps", "_ps", "ps\n",
+                 "p\u00e9", "ps!", "job/replica:0"]
+BAD_CONFIGS += [("job_name_%d_tf_config" % i, {"cluster": {name: ["127.0.0.1:2222"]},
+                                                "task": {"type": name, "index": 0}}, [],
+                 'TF_CONFIG["cluster"]: job %r is not a job name TensorFlow accepts' % name)
+                for i, name in enumerate(BAD_JOB_NAMES)]
+BAD_CONFIGS += [
+    ("job_name_flags", None, ["--cluster_spec", json.dumps({"w:1": ["127.0.0.1:2222"]}),
+                              "--job_name", "w:1", "--task_index", "0"],
+     "--cluster_spec: job 'w:1' is not a job name TensorFlow accepts"),
+    ("job_name_other_job", {"cluster": {"ps": ["127.0.0.1:2222"], "ps/evil": ["127.0.0.1:2223"]},
+                            "task": {"type": "ps", "index": 0}}, [],
+     "job 'ps/evil' is not a job name TensorFlow accepts"),
+    ("job_name_flag_only", {"cluster": _CLUSTER}, ["--job_name", "ps/evil", "--task_index", "0"],
+     "--job_name 'ps/evil' is not a job name TensorFlow accepts"),
+    ("job_name_task_type_only", {"cluster": _CLUSTER, "task": {"type": "a b", "index": 0}}, [],
+     'TF_CONFIG["task"]["type"] \'a b\' is not a job name TensorFlow accepts'),
+]
 
 
 @pytest.mark.parametrize("tf_config,argv,message", [c[1:] for c in BAD_CONFIGS],
@@ -446,6 +466,164 @@ def test_server_bad_configuration_exits_2_with_one_line(tf_config, argv, message
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("fusedopt.server: "), proc.stderr[-3000:]
     assert message in lines[0]
+
+
+def _one_server_line(proc):
+    """The one line a refused fusedopt.server wrote (stderr), checked to be alone."""
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("fusedopt.server: "), proc.stderr[-3000:]
+    return lines[0]
+
+
+def _ps_flags(port, *extra):
+    return ["--cluster_spec", json.dumps({"ps": ["127.0.0.1:%d" % port]}), "--job_name", "ps",
+            "--task_index", "0", *extra]
+
+
+@pytest.mark.parametrize("kind", ["directory", "parent_is_a_file", "in_proc"])
+def test_server_unwritable_ready_file_exits_2_before_serving(tmp_path, kind):
+    """A --ready_file that cannot be written (even by root) is refused before the server
+    starts: one line, exit 2, nothing left running or written."""
+    ready = {"directory": tmp_path / "ready", "parent_is_a_file": tmp_path / "file" / "ready",
+             "in_proc": "/proc/fusedopt-ready-%d.json" % os.getpid()}[kind]
+    problem = {"directory": "is a directory",
+               "parent_is_a_file": "%s is not a directory" % (tmp_path / "file"),
+               "in_proc": "cannot write in /proc ("}[kind]
+    if kind == "directory":
+        ready.mkdir()
+    elif kind == "parent_is_a_file":
+        (tmp_path / "file").write_text("")
+    proc = subprocess.run([sys.executable, "-m", "fusedopt.server",
+                           *_ps_flags(free_ports(1)[0], "--ready_file", str(ready))],
+                          env=_env(TF_CONFIG=""), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = _one_server_line(proc)
+    assert line.startswith("fusedopt.server: --ready_file %s: %s" % (ready, problem)), line
+    assert sorted(os.listdir(tmp_path)) == {"directory": ["ready"], "parent_is_a_file": ["file"],
+                                            "in_proc": []}[kind]  # nothing written
+
+
+SERVER_LOSING_ITS_READY_DIRECTORY = """if 1:
+    import os, sys
+    from fusedopt import server
+    start, ready_dir = server.start, sys.argv[1]
+
+    def start_then_lose_the_directory(*args):
+        started = start(*args)
+        os.rmdir(ready_dir)  # checked writable, then gone once serving: a file in its place
+        open(ready_dir, "w").close()
+        return started
+
+    server.start = start_then_lose_the_directory
+    sys.exit(server.main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.slow
+def test_server_ready_file_failing_once_serving_stops_the_server(tmp_path):
+    """The --ready_file directory was writable when checked and is gone once the server
+    serves: one line, exit 2, the process ends and its port is free again."""
+    ready_dir = tmp_path / "ready_dir"
+    ready_dir.mkdir()
+    port = free_ports(1)[0]
+    proc = subprocess.run([sys.executable, "-c", SERVER_LOSING_ITS_READY_DIRECTORY,
+                           str(ready_dir), *_ps_flags(port, "--ready_file",
+                                                      str(ready_dir / "ready.json"))],
+                          env=_env(TF_CONFIG=""), capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = _one_server_line(proc)
+    assert line.startswith("fusedopt.server: --ready_file %s: cannot write it ("
+                           % (ready_dir / "ready.json")), line
+    assert line.endswith("; stopping"), line
+    assert "serving" not in proc.stdout, proc.stdout
+    with socket.socket() as free:  # nothing listens on the port any more (a [::] socket
+        free.bind(("0.0.0.0", port))  # taking IPv4 too would refuse this bind)
+        free.listen()
+
+
+def _listening_on(port):
+    """The local addresses (hex, as /proc/net/tcp{,6} print them) of every socket listening
+    on ``port`` in this network namespace."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if os.path.exists(table):
+            with open(table) as f:
+                for row in f.read().splitlines()[1:]:
+                    local, state = row.split()[1], row.split()[3]
+                    if state == "0A" and local.endswith(":%04X" % port):
+                        found.append(local.rsplit(":", 1)[0])
+    return found
+
+
+def _other_local_ipv4_addresses():
+    """This machine's own IPv4 addresses outside 127/8 (Linux's /proc/net/fib_trie)."""
+    if not os.path.exists("/proc/net/fib_trie"):
+        return []
+    with open("/proc/net/fib_trie") as f:
+        rows = f.read().splitlines()
+    return sorted({rows[i - 1].split()[-1] for i, row in enumerate(rows)
+                   if row.split() == ["/32", "host", "LOCAL"]
+                   and not rows[i - 1].split()[-1].startswith("127.")})
+
+
+@pytest.mark.slow
+def test_server_says_so_when_it_listens_on_every_interface(procs, tmp_path):
+    """The cluster spec names 127.0.0.1; TensorFlow's server binds its port on every
+    interface (0.0.0.0 / [::], hard-coded in TF). The one-line note on stderr must be there
+    exactly when that is true of the listening socket (read here from /proc/net)."""
+    port = free_ports(1)[0]
+    out, err = open(tmp_path / "out", "w"), open(tmp_path / "err", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "fusedopt.server", *_ps_flags(port)],
+                            env=_env(TF_CONFIG=""), stdout=out, stderr=err,
+                            start_new_session=True)
+    procs.procs.append(proc)  # killed in teardown
+    deadline = time.time() + 150
+    while "fusedopt.server: serving" not in (tmp_path / "out").read_text():
+        assert proc.poll() is None, (tmp_path / "err").read_text()[-3000:]
+        assert time.time() < deadline, "not serving:\n" + (tmp_path / "err").read_text()[-3000:]
+        time.sleep(0.2)
+    listening = _listening_on(port)
+    assert listening, "no socket listens on port %d" % port
+    everywhere = any(set(address) == {"0"} for address in listening)  # 0.0.0.0 or [::]
+    if everywhere:  # reachable through this machine's other IPv4 addresses too
+        for address in _other_local_ipv4_addresses():
+            socket.create_connection((address, port), timeout=10).close()
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    lines = [line for line in (tmp_path / "err").read_text().splitlines()
+             if line.startswith("fusedopt.server")]
+    if not everywhere:
+        assert lines == [], lines
+        return
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("fusedopt.server: note: TensorFlow's gRPC server listens on "
+                               "every network interface of this machine (address "), lines
+    assert "port %d), not only on 127.0.0.1 as the cluster spec says" % port in lines[0]
+    assert "unauthenticated" in lines[0] and "keep the port private" in lines[0]
+
+
+def test_server_reads_its_listening_addresses_and_notes_only_wildcards():
+    from fusedopt import server
+
+    for family, host in [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET, "0.0.0.0"),
+                         (socket.AF_INET6, "::1"), (socket.AF_INET6, "::")]:
+        with socket.socket(family) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+            assert server.listening_addresses(port) is None  # bound, not listening
+            s.listen()
+            assert server.listening_addresses(port) == [host]
+            note = server.exposure_note("127.0.0.1", port, [host])
+            if host in ("127.0.0.1", "::1"):
+                assert note is None
+            else:
+                assert "(address %s, port %d), not only on 127.0.0.1" % (
+                    "[::]" if host == "::" else host, port) in note
+    assert "address 0.0.0.0 / [::], port 7)" in server.exposure_note("h", 7, ["0.0.0.0", "::"])
+    # where /proc cannot tell: TensorFlow's own address is assumed
+    assert "address 0.0.0.0, port 7), not only on h " in server.exposure_note("h", 7, None)
+    assert "not only" not in server.exposure_note("0.0.0.0", 7, ["::"])
 
 
 def test_server_port_in_use_exits_3_with_one_line():

@@ -79,14 +79,57 @@ def environment(tf, args, cfg):
             "load_average_at_start": os.getloadavg()}
 
 
-def start_results(tf, args, cfg):
-    """The results of an earlier run in --out, when only some scenarios are re-run, and
-    this run's environment (which names the earlier run)."""
-    previous = {}
+JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number",
+              bool: "a boolean", type(None): "null"}
+
+
+def _damage(previous):
+    """What is wrong with an earlier run's results (parsed JSON) for this run, or None."""
+    if not isinstance(previous, dict):
+        return "%s, not an object of results" % JSON_TYPES[type(previous)]
+    if not isinstance(previous.get("environment"), dict):
+        return 'no "environment" object'
+    for name in SCENARIOS:
+        if name in previous and not isinstance(previous[name], dict):
+            return "the %r results are %s, not an object" % (
+                name, JSON_TYPES[type(previous[name])])
+    try:  # what the end of this run computes from the results it keeps
+        aims(previous)
+        mismatches(previous)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+        return "results not laid out as this version writes them (%s: %s)" % (
+            type(e).__name__, e)
+    return None
+
+
+def previous_results(args):
+    """The results of an earlier run in --out, kept when only some scenarios are re-run.
+
+    Read and checked before anything else runs: a file that cannot be read, is not JSON or
+    is not laid out as results raises ValueError (one line naming the file and the
+    problem)."""
     existing = os.path.join(args.out, "results.json")
-    if args.scenarios != set(SCENARIOS) and os.path.exists(existing):
-        with open(existing) as f:
+    if args.scenarios == set(SCENARIOS) or not os.path.exists(existing):
+        return {}
+    try:
+        with open(existing, encoding="utf-8") as f:
             previous = json.load(f)
+    except OSError as e:
+        problem = "cannot be read (%s)" % (e.strerror or e)
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        problem = "not valid JSON (%s)" % e
+    else:
+        problem = _damage(previous)
+    if problem:
+        raise ValueError("%s: %s; it holds the results of the scenarios this run keeps "
+                         "(--scenarios re-runs only some): move it away or choose another --out"
+                         % (existing, problem))
+    return previous
+
+
+def start_results(tf, args, cfg, previous):
+    """The results of an earlier run kept (previous_results) and this run's environment
+    (which names the earlier run)."""
     results = dict(previous)
     results["environment"] = environment(tf, args, cfg)
     if previous:
@@ -122,6 +165,12 @@ def write_report(results, args, argv):
 
 def main(argv=None):
     args = parse_args(argv)
+    child = args.table_scaling_child or args.state_memory_child is not None or args.fbgemm_child
+    try:  # before TensorFlow is imported: a damaged file costs no benchmark
+        previous = {} if child else previous_results(args)
+    except ValueError as e:
+        print("fusedopt.bench: %s" % e, file=sys.stderr)
+        return 2
     tf = import_tensorflow(args.fbgemm_child or THREADS)
     cfg = sizes(args.quick)
     if args.table_scaling_child:  # run by scenario_scaling with huge pages off
@@ -136,7 +185,7 @@ def main(argv=None):
     def progress(msg):
         print(f"[{time.time() - started:6.1f}s] {msg}", flush=True)
 
-    results = start_results(tf, args, cfg)
+    results = start_results(tf, args, cfg, previous)
     for name in SCENARIOS:
         if name in args.scenarios:
             results[name] = run_scenario(name, tf, cfg, progress, args.quick)
