@@ -25,6 +25,15 @@ _loader.install_import_check()
 _LAZY_SUBMODULES = ("ops", "keras", "compat", "estimator", "reference")
 
 
+def explain(optimizer, variables=None):
+    """Which kernel updates each of `variables` under `optimizer`: a dense gradient, a sparse
+    one (``tf.IndexedSlices``), the slots' dtype; ``print()`` it for a table. Reads the
+    optimizer's settings only. `variables` may be left out for a built Keras 3 optimizer.
+    Returns a ``fusedopt._explain.Explanation`` (``.fused``: every update runs fusedopt's ops).
+    Imports TensorFlow."""
+    return _importlib.import_module(f"{__name__}._explain").explain(optimizer, variables)
+
+
 def __getattr__(name):
     if name in _LAZY_SUBMODULES:
         return _importlib.import_module(f"{__name__}.{name}")  # also sets the attribute

@@ -57,16 +57,24 @@ def check_strategy(dtype):
             "collective op that has no bfloat16 kernel; use slot_dtype='float16' there")
 
 
-def check_slots(optimizer, variable, slots, slot_dtype):
-    """Warns once per optimizer (``IgnoredOptionWarning``) where `slot_dtype` (parsed) asks
-    for compact slots beside a float32 variable but its `slots` are of another dtype: code
-    outside fusedopt made them (a library that wraps the optimizer and replaces its slot
-    creation). The update runs on the slots as they are."""
+def check_slots(optimizer, variable, slots, slot_dtype, stochastic_rounding=False):
+    """Warns once per optimizer (``IgnoredOptionWarning``) where an option cannot take effect
+    on `variable`'s `slots`: `slot_dtype` (parsed) asks for compact slots beside a float32
+    variable but the slots are of another dtype (code outside fusedopt made them: a library
+    that wraps the optimizer and replaces its slot creation), or `stochastic_rounding` has
+    no 16-bit slot to round (a float32/float64 variable without slot_dtype). The update runs
+    on the slots as they are."""
+    got = sorted({tf.as_dtype(s.dtype).base_dtype.name for s in slots})
+    if stochastic_rounding and got and not set(got) & {d.name for d in COMPACT_DTYPES}:
+        warn_once(optimizer, "stochastic_rounding", IgnoredOptionWarning,
+                  f"stochastic_rounding=True has no effect on {getattr(variable, 'name', '?')}:"
+                  f" its slots are {' and '.join(got)}, and only 16-bit slots are rounded. "
+                  "Give slot_dtype='bfloat16' or 'float16' to store the slots of float32 "
+                  "variables in 16 bits. (Said once per optimizer.)", stacklevel=4)
     if slot_dtype is None:
         return
     want = slot_dtype_for(variable.dtype, slot_dtype)
-    got = sorted({tf.as_dtype(s.dtype).base_dtype.name for s in slots})
-    if not got or got == [want.name]:
+    if not got or got == [want.name] or want not in COMPACT_DTYPES:
         return
     warn_once(optimizer, "slot_dtype", IgnoredOptionWarning,
               f"slot_dtype={slot_dtype.name!r} has no effect on {getattr(variable, 'name', '?')}: "

@@ -80,6 +80,22 @@ def cpu_vector_status():
                                           ": the CPU has no AVX2")
 
 
+def xla_status(build_info):
+    """One line: can the ops run inside XLA-compiled steps (``jit_compile=True``), and how."""
+    if not build_info.get("xla", False):
+        return ("no (built with FUSEDOPT_XLA=0: steps with jit_compile=True that contain the "
+                "ops fail to compile)")
+    try:
+        from fusedopt import runtime
+
+        lowering = runtime.xla_cpu_lowering()
+    except Exception:  # noqa: BLE001 - TensorFlow's own line reports why it does not load
+        return "yes"
+    how = ("a custom call into the CPU engine" if lowering == "custom_call" else
+           "the rules built as XLA operations")
+    return f"yes (XLA:CPU: {how}; XLA:GPU: the rules built as XLA operations)"
+
+
 def _one_line(error):
     return " ".join(str(error).split())
 
@@ -144,6 +160,7 @@ def describe(errors=None):
         "compiler": info.get("compiler"),
         "cpu_kernels": "CPU" in all_devices,
         "cuda_kernels": "GPU" in all_devices,
+        "xla_kernels": xla_status(info),
         "huge_pages_for_tables": huge_pages_status(),
         "cpu_vector_loops": cpu_vector_status(),
         "cache_aliased_buffers": buffer_separation_status(),
@@ -158,6 +175,7 @@ def main():
     for key, value in info.items():
         if key != "ops":
             print(f"{key:26s} {value}")
+    print(f"{'which_kernel':26s} fusedopt.explain(optimizer, variables) tells, per variable")
     print(f"ops ({len(info['ops'])}):")
     for name, devices in info["ops"].items():
         print(f"  {name:40s} {', '.join(devices)}")

@@ -195,7 +195,7 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
         updates = []
         for var, grad in members:
             slots = [self.get_slot(var, slot) for slot in slot_names]
-            _compact.check_slots(self, var, slots, self._slot_dtype)
+            _compact.check_slots(self, var, slots, self._slot_dtype, self._stochastic_rounding)
             updates.append((var, slots, grad))
         return _dispatch.apply_group(
             self._RULE, updates,
@@ -242,7 +242,7 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
             return self._composed_update(var, grad, indices)
         dtype = var.dtype.base_dtype
         slots = [self.get_slot(var, name) for name, _ in self._SPEC.slots]
-        _compact.check_slots(self, var, slots, self._slot_dtype)
+        _compact.check_slots(self, var, slots, self._slot_dtype, self._stochastic_rounding)
         args = [var] + slots + [tf.cast(h, dtype) for h in self._op_hyper()]
         args.append(grad)
         if indices is not None:

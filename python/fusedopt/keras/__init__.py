@@ -90,6 +90,8 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
             self._fused_rule, self._fused_spec = rule, spec
         self.lazy_weight_decay = bool(lazy_weight_decay)
         _compact.set_options(self, slot_dtype, stochastic_rounding)
+        if self._fused_spec is not None:
+            self._fused_spec.warn_if_own_update(self)
 
     # Compact slots: the rule's slot variables of a float32 variable in slot_dtype. Keras
     # makes every optimizer variable of a model variable here, the base's own too (EMA
@@ -190,7 +192,7 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
     def _fused_slots(self, variable):
         """The rule's slots of `variable` (the base's slot lists, in rule order)."""
         slots = [self._slot(getattr(self, attr), variable) for attr in self._fused_spec.slots]
-        _compact.check_slots(self, variable, slots, self.slot_dtype)
+        _compact.check_slots(self, variable, slots, self.slot_dtype, self.stochastic_rounding)
         return slots
 
     def _deduplicate_sparse_grad(self, grads):

@@ -85,7 +85,7 @@ class _FusedApply(_packs.PacksOfOptimizer):
     def _fused_slots(self, var):
         """The rule's slots of `var`, in rule order."""
         slots = [self.get_slot(var, name) for name in self._fused_spec.slots]
-        _compact.check_slots(self, var, slots, self.slot_dtype)
+        _compact.check_slots(self, var, slots, self.slot_dtype, self.stochastic_rounding)
         return slots
 
     def _fused(self, grad, var, apply_state):
@@ -250,6 +250,7 @@ def _with_compact_keywords(cls):
         if rule is not None:
             self._fused_rule, self._fused_spec = rule, spec
         _compact.set_options(self, slot_dtype, stochastic_rounding)
+        self._fused_spec.warn_if_own_update(self)
 
     __init__.__signature__ = _compact.with_keywords(inspect.signature(base_init),
                                                     _compact.KEYWORDS)

@@ -67,6 +67,9 @@ class _KerasFamily:
     # When the base's own update runs instead: an attribute name (true: own update) or a
     # function of the optimizer, for settings the rule does not cover (e.g. amsgrad).
     own_update_when: Optional[Union[str, Callable]] = None
+    # Those settings in words, for the warning (fusedopt.FallbackWarning) such a class
+    # gives once: "amsgrad=True", ...
+    own_update_setting: str = ""
     doc: str = ""
     # Settings with a rule of their own: ((applies(optimizer), rule name), ...); the first
     # that applies runs that rule with its module's spec of this front end (whose name is
@@ -80,6 +83,26 @@ class _KerasFamily:
         if callable(condition):
             return bool(condition(optimizer))
         return bool(getattr(optimizer, condition, False))
+
+    def warn_if_own_update(self, optimizer):
+        """Says once (``fusedopt.FallbackWarning``) that `optimizer`'s settings run the base
+        class's own update instead of fusedopt's kernels, and how to get them."""
+        if not self.keeps_own_update(optimizer):
+            return
+        from fusedopt._warnings import FallbackWarning, warn_once
+
+        warn_once(optimizer, "own_update", FallbackWarning,
+                  f"{type(optimizer).__name__}({self.own_update_setting}) runs the "
+                  f"replaced Keras class's own {self.base} update, not fusedopt's fused "
+                  "kernels: the same numbers, without fusedopt's speed or its lazy sparse "
+                  f"updates. {self.own_update_hint}", stacklevel=5)
+
+    @property
+    def own_update_hint(self):
+        return {"amsgrad=True": "fusedopt has no AMSGrad rule; amsgrad=False is fused.",
+                "momentum=0": "Pass momentum > 0 (e.g. 0.9) for the fused RMSprop update "
+                              "(with momentum, as TF's RMSPropOptimizer)."}.get(
+                                  self.own_update_setting, "")
 
 
 @dataclasses.dataclass(frozen=True)

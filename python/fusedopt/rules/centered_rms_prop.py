@@ -28,11 +28,13 @@ def composed(var, slots, g, h, o):
 # Keras's RMSprop(centered=True): its mean-gradient slots beside velocity and momentum.
 KERAS = Keras(
     name=None, base="RMSprop", slots=("_velocities", "_momentums", "_average_gradients"),
-    hyper=rms_prop.KERAS_HYPER, own_update_when=rms_prop.KERAS.own_update_when)
+    hyper=rms_prop.KERAS_HYPER, own_update_when=rms_prop.KERAS.own_update_when,
+    own_update_setting=rms_prop.KERAS.own_update_setting)
 
 LEGACY = Legacy(
     name=None, base="RMSprop", slots=("rms", "momentum", "mg"),
-    hyper=rms_prop.LEGACY_HYPER, own_update_when=rms_prop.LEGACY.own_update_when)
+    hyper=rms_prop.LEGACY_HYPER, own_update_when=rms_prop.LEGACY.own_update_when,
+    own_update_setting=rms_prop.LEGACY.own_update_setting)
 
 # RMSPropOptimizer(centered=True): TF's signature and slot names ("mg" beside "rms" and
 # "momentum"), in the rule's slot order.

@@ -23,7 +23,7 @@ KERAS = Keras(
     name="LazyAdam", base="Adam", slots=("_momentums", "_velocities"),
     hyper=dict(beta1_power=Power("beta_1"), beta2_power=Power("beta_2"), lr=LearningRate(),
                beta1=Attr("beta_1"), beta2=Attr("beta_2"), epsilon=Attr("epsilon")),
-    own_update_when="amsgrad",
+    own_update_when="amsgrad", own_update_setting="amsgrad=True",
     doc="""Adam with fused kernels; sparse gradients update only the rows they touch.
 
     Same arguments, variables and dense numbers as ``keras.optimizers.Adam``
@@ -45,7 +45,7 @@ LEGACY = Legacy(
     name="LazyAdam", base="Adam", slots=("m", "v"),
     hyper=dict(beta1_power="beta_1_power", beta2_power="beta_2_power", lr="lr_t",
                beta1="beta_1_t", beta2="beta_2_t", epsilon="epsilon"),
-    own_update_when="amsgrad",
+    own_update_when="amsgrad", own_update_setting="amsgrad=True",
     doc="""Keras 2 ``Adam`` with fused kernels; sparse gradients update only touched rows
     (moments included). ``amsgrad=True`` runs Keras's own Adam updates.
 

@@ -30,7 +30,7 @@ LEGACY_HYPER = dict(lr="lr_t", rho="rho", momentum="momentum", epsilon="epsilon"
 KERAS = Keras(
     name="RMSprop", base="RMSprop", slots=("_velocities", "_momentums"),
     hyper=KERAS_HYPER,
-    own_update_when=lambda opt: not opt.momentum > 0,
+    own_update_when=lambda opt: not opt.momentum > 0, own_update_setting="momentum=0",
     variants=((lambda opt: bool(opt.centered), "centered_rms_prop"),),
     doc="""RMSprop with fused kernels (same arguments, variables and dense numbers as
     ``keras.optimizers.RMSprop``) when ``momentum > 0``, centered or not; otherwise
@@ -54,7 +54,7 @@ KERAS = Keras(
 LEGACY = Legacy(
     name="RMSprop", base="RMSprop", slots=("rms", "momentum"),
     hyper=LEGACY_HYPER,
-    own_update_when=lambda opt: not opt._momentum,
+    own_update_when=lambda opt: not opt._momentum, own_update_setting="momentum=0",
     variants=((lambda opt: bool(opt.centered), "centered_rms_prop"),),
     doc="""Keras 2 ``RMSprop`` with fused kernels when ``momentum > 0`` (TF ``ApplyRMSProp``;
     centered: ``ApplyCenteredRMSProp``), else Keras's own update; sparse gradients update
