@@ -41,7 +41,7 @@ def kernel_can_collapse():
 
 
 def huge_pages_status():
-    """One line: do the ops put big tables on huge pages (see README, Performance)?"""
+    """One line: do the ops put big tables on huge pages (docs/guides/performance.md)?"""
     if os.environ.get(HUGE_PAGES_SETTING) == "0":
         return f"off ({HUGE_PAGES_SETTING}=0)"
     mode = transparent_huge_pages_mode()
