@@ -13,6 +13,8 @@ import importlib as _importlib
 
 __version__ = "0.2.0"
 
+__all__ = ["__version__", "ops", "keras", "compat", "estimator", "reference"]
+
 from fusedopt import _loader
 
 _loader.package_version = __version__
@@ -24,11 +26,11 @@ _loader.install_import_check()
 _LAZY_SUBMODULES = ("ops", "keras", "compat", "estimator", "reference")
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> object:
     if name in _LAZY_SUBMODULES:
         return _importlib.import_module(f"{__name__}.{name}")  # also sets the attribute
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def __dir__():
+def __dir__() -> list:
     return sorted(set(globals()) | set(_LAZY_SUBMODULES))

@@ -20,6 +20,8 @@ from tensorflow.python.framework import ops as tf_ops
 # reused id from matching; the members' handles are held so their ids stay theirs.
 _handles = {}
 
+__all__ = ["PACK_OP", "register", "pack_members"]
+
 PACK_OP = "FusedOpt>VariablePack"
 
 

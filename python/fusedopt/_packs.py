@@ -29,6 +29,8 @@ from fusedopt import ops, reference
 
 # Packs per optimizer: one per (members, device) seen; the oldest goes past this (a group
 # whose membership changes every step, e.g. a gradient that is sometimes None).
+__all__ = ["MAX_PACKS", "PackCache", "PacksOfOptimizer", "packable"]
+
 MAX_PACKS = 16
 
 class _Pack(tf.saved_model.experimental.TrackableResource):

@@ -11,6 +11,8 @@ the last tower's optimizer makes), tower 0's otherwise.
 import tensorflow as tf
 
 from fusedopt.estimator.spec import EstimatorSpec, ModeKeys
+
+__all__ = ["merge_specs", "concat", "merge_export_outputs", "merge_metrics"]
 from fusedopt.estimator.tower_optimizer import Reduction
 
 _HOOK_FIELDS = ("training_chief_hooks", "training_hooks", "evaluation_hooks",

@@ -1,6 +1,9 @@
 """Where the towers' ops and the shared variables go."""
 import tensorflow as tf
 
+__all__ = ["PLACEMENTS", "canonical_device", "local_devices", "consolidation_device",
+           "variable_device_fn", "tower_device_fn"]
+
 PLACEMENTS = ("consolidation", "round_robin")
 
 _VARIABLE_OPS = frozenset((

@@ -1,6 +1,8 @@
 """Splitting a batch (features or labels) into one part per tower."""
 import tensorflow as tf
 
+__all__ = ["split_batch"]
+
 
 def split_batch(value, n, path):
     """``value`` (None, tensor, SparseTensor, dict/list/tuple of them) split into n parts.
