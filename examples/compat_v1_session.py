@@ -75,13 +75,15 @@ def train_and_restore(args, batch, checkpoint):
             ms = (time.perf_counter() - start) * 1000 / args.steps
             saver.save(sess, checkpoint)
             names = sorted(name for name, _ in tf.train.list_variables(checkpoint))
-    print(f"Trained a {args.rows:,} x {args.dim} table for {args.steps} steps of {args.batch:,} ids "
+    print(f"Trained a {args.rows:,} x {args.dim} table for {args.steps} steps of "
+          f"{args.batch:,} ids "
           f"with fusedopt.compat.v1.LazyAdamOptimizer in a Session (TensorFlow {tf.__version__}): "
           f"loss {first:.4f} -> {last:.4f}, {ms:.2f} ms per step.")
     print(f"Saver wrote {', '.join(names)}.")
 
     with tf.Graph().as_default():
-        ids, labels, loss, train_op, saver = graph(args.rows, args.dim, v1.train.AdamOptimizer(0.05))
+        tf_adam = v1.train.AdamOptimizer(0.05)
+        ids, labels, loss, train_op, saver = graph(args.rows, args.dim, tf_adam)
         with v1.Session() as sess:
             saver.restore(sess, checkpoint)
             step = sess.run(v1.train.get_global_step())

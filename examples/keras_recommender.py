@@ -87,7 +87,8 @@ def main(argv=None):
                  "examples/tf_keras_legacy.py.")
     features, labels = click_log(args.rows, max(args.rows // 10, 1), args.batch * (args.steps + 3))
     dataset = tf.data.Dataset.from_tensor_slices((features, labels)).batch(args.batch)
-    print(f"Training on {args.steps} batches of {args.batch:,} clicks: a {args.rows:,} x {args.dim} "
+    print(f"Training on {args.steps} batches of {args.batch:,} clicks: "
+          f"a {args.rows:,} x {args.dim} "
           f"user table and a {max(args.rows // 10, 1):,} x {args.dim} item table "
           f"(TensorFlow {tf.__version__}, Keras {keras.__version__}).")
     fused = train("fusedopt.keras.LazyAdam", fusedopt.keras.LazyAdam(args.lr), args, dataset)

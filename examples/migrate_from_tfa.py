@@ -90,7 +90,8 @@ def with_fusedopt(args, directory):
     with np.load(os.path.join(directory, "tfa_weights.npz")) as f:
         tfa_weights = [f[k] for k in sorted(f.files, key=lambda k: int(k.split("_")[1]))]
     gap = max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), tfa_weights))
-    print(json.dumps({"class": type(model.optimizer).__module__ + "." + type(model.optimizer).__name__,
+    cls = type(model.optimizer)
+    print(json.dumps({"class": cls.__module__ + "." + cls.__name__,
                       "step": step, "gap": gap}))
 
 

@@ -93,7 +93,8 @@ def train_as_chief(args, cluster):
 
     import fusedopt.keras
 
-    os.environ["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}})
+    chief = {"cluster": cluster, "task": {"type": "chief", "index": 0}}
+    os.environ["TF_CONFIG"] = json.dumps(chief)
     strategy = tf.distribute.ParameterServerStrategy(
         tf.distribute.cluster_resolver.TFConfigClusterResolver(),
         variable_partitioner=tf.distribute.experimental.partitioners.FixedShardsPartitioner(2))
@@ -116,10 +117,11 @@ def train_as_chief(args, cluster):
     @tf.function
     def step(iterator):
         def replica_step(x, y):
+            weights = model.trainable_variables
             with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+                errors = tf.keras.losses.mean_squared_error(y, model(x, training=True))
+                loss = tf.reduce_mean(errors)
+            optimizer.apply_gradients(zip(tape.gradient(loss, weights), weights))  # on the ps
             return loss
         return strategy.run(replica_step, args=next(iterator))
 

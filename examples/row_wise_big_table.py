@@ -45,7 +45,8 @@ def main(argv=None):
         sys.exit("This example needs Keras 3 (TensorFlow 2.16 or later); Keras 2 has the same "
                  "class in fusedopt.keras.legacy.")
     ids = keras.Input((), dtype="int32")
-    table = keras.layers.Embedding(args.rows, args.dim, embeddings_initializer="zeros", name="table")
+    table = keras.layers.Embedding(args.rows, args.dim, embeddings_initializer="zeros",
+                                   name="table")
     score = keras.layers.Dense(1, activation="sigmoid")(table(ids))
     model = keras.Model(ids, score)
     optimizer = fusedopt.keras.RowWiseAdagrad(args.lr, slot_dtype="bfloat16")

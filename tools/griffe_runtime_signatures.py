@@ -8,9 +8,10 @@ things then need help:
 - **Constructors defined in another package.** Most optimizer classes subclass a Keras or
   TensorFlow optimizer and either inherit its ``__init__`` or wrap it (``functools.wraps``,
   which names Keras's module): the constructor is the replaced class's own. griffe would
-  follow ``__init__`` into Keras's source, which the reference does not load, and fail. `RuntimeSignatures` gives each such class an ``__init__`` built
-  from ``inspect.signature`` of the live class, so the page shows the constructor as the
-  running Keras (or TensorFlow) defines it, under the class's own docstring.
+  follow ``__init__`` into Keras's source, which the reference does not load, and fail.
+  `RuntimeSignatures` gives each such class an ``__init__`` built from
+  ``inspect.signature`` of the live class, so the page shows the constructor as the running
+  Keras (or TensorFlow) defines it, under the class's own docstring.
 - **Command-line modules.** Inspecting a package imports every module in it, and
   ``fusedopt/bench/__main__.py`` runs the benchmark when imported (``python -m
   fusedopt.bench``). griffe is told never to import a ``__main__`` module: it is a script.

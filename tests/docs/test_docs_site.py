@@ -106,8 +106,8 @@ def test_the_api_reference_shows_every_public_name(site):
     ops = page_text(site, "api/ops")
     from fusedopt import ops as ops_module
 
-    wrappers = [n for n in dir(ops_module) if re.match(r"(resource_)?(sparse_|group_|packed_group_)?"
-                                                       r"apply_\w+$", n)]
+    wrapper = re.compile(r"(resource_)?(sparse_|group_|packed_group_)?apply_\w+$")
+    wrappers = [n for n in dir(ops_module) if wrapper.match(n)]
     assert len(wrappers) >= 36
     assert not [n for n in wrappers if f'id="fusedopt.ops.{n}"' not in ops]
 
@@ -174,7 +174,8 @@ def test_strict_mode_fails_on_a_docstring_it_cannot_parse(tmp_path):
         env = _env()
         env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env["PYTHONPATH"]
         results[colon] = subprocess.run(
-            [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+            [sys.executable, "-m", "mkdocs", "build", "--strict",
+             "--site-dir", str(tmp_path / "site")],
             cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     broken, fixed = results[""], results[":"]
     assert broken.returncode != 0, broken.stderr[-3000:]
@@ -222,7 +223,8 @@ def test_the_api_page_renders_the_classes(browser, served):
     assert "sparse gradients update only the rows they touch" in text
     headings = browser.evaluate(
         "Array.from(document.querySelectorAll('h2.doc-heading')).map(h => h.id)")
-    assert {"fusedopt.keras.%s" % n for n in ("LazyAdam", "Adagrad", "RowWiseAdagrad")} <= set(headings)
+    wanted = {"fusedopt.keras.%s" % n for n in ("LazyAdam", "Adagrad", "RowWiseAdagrad")}
+    assert wanted <= set(headings), headings
     # The theme's script ran (it builds the navigation drawer and the search box).
     assert browser.evaluate("!!document.querySelector('[data-md-component=search-query]')")
 

@@ -102,7 +102,8 @@ def test_every_documentation_page_is_in_the_navigation():
 def user_documents():
     files = ["README.md", "BENCHMARKS.md", "CONTRIBUTING.md", "mkdocs.yml"]
     files += [os.path.join("docs", page) for page in doc_pages()]
-    files += [os.path.join("examples", f) for f in sorted(os.listdir(os.path.join(ROOT, "examples")))]
+    files += [os.path.join("examples", f)
+              for f in sorted(os.listdir(os.path.join(ROOT, "examples"))) if f.endswith(".py")]
     return files
 
 

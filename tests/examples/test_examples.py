@@ -25,10 +25,13 @@ HAS_TF_KERAS = TF_MINOR < (2, 16) or importlib.util.find_spec("tf_keras") is not
 HAS_ESTIMATOR = hasattr(tf, "estimator") and hasattr(tf.estimator, "Estimator")
 HAS_TFA = importlib.util.find_spec("tensorflow_addons") is not None
 
-needs_keras3 = pytest.mark.skipif(not KERAS3, reason="Keras 3: TensorFlow >= 2.16 (CI's TF 2.21 stage)")
-needs_tf_keras = pytest.mark.skipif(not HAS_TF_KERAS, reason="needs tf_keras (CI's TF 2.21 stage has it)")
+needs_keras3 = pytest.mark.skipif(
+    not KERAS3, reason="Keras 3: TensorFlow >= 2.16 (CI's TF 2.21 stage)")
+needs_tf_keras = pytest.mark.skipif(
+    not HAS_TF_KERAS, reason="needs tf_keras (CI's TF 2.21 stage has it)")
 needs_estimator = pytest.mark.skipif(
-    not HAS_ESTIMATOR, reason="needs tf.estimator: TensorFlow 2.15 + tensorflow-estimator (CI's TF 2.15 stage)")
+    not HAS_ESTIMATOR,
+    reason="needs tf.estimator: TensorFlow 2.15 + tensorflow-estimator (CI's TF 2.15 stage)")
 needs_tfa = pytest.mark.skipif(
     not HAS_TFA, reason="needs tensorflow-addons: TensorFlow 2.15 (CI's TF 2.15 stage)")
 
