@@ -36,11 +36,11 @@ class GraphState:
         self.shared_variables = None  # refs of the variables existing after tower 0
 
     @property
-    def is_last_tower(self):
+    def is_last_tower(self) -> bool:
         return self.tower_index == self.number_of_towers - 1
 
 
-def graph_state(create=True):
+def graph_state(create: bool = True) -> Optional["GraphState"]:
     """The default graph's GraphState; None where there is none and `create` is False."""
     states = tf.compat.v1.get_collection_ref(COLLECTION_FOR_GRAPH_STATES)
     if not states and create:
@@ -48,7 +48,7 @@ def graph_state(create=True):
     return states[0] if states else None
 
 
-def clear_graph_state():
+def clear_graph_state() -> None:
     del tf.compat.v1.get_collection_ref(COLLECTION_FOR_GRAPH_STATES)[:]
 
 
@@ -177,20 +177,20 @@ class TowerOptimizer(tf.compat.v1.train.Optimizer):
 
     # --- delegation --------------------------------------------------------------------
 
-    def get_slot(self, *args, **kwargs):
+    def get_slot(self, *args: Any, **kwargs: Any) -> Optional[tf.Variable]:
         return self._get_optimizer().get_slot(*args, **kwargs)
 
-    def get_slot_names(self, *args, **kwargs):
+    def get_slot_names(self, *args: Any, **kwargs: Any) -> List[str]:
         return self._get_optimizer().get_slot_names(*args, **kwargs)
 
-    def get_name(self, *args, **kwargs):
+    def get_name(self, *args: Any, **kwargs: Any) -> str:
         return self._get_optimizer().get_name(*args, **kwargs)
 
-    def variables(self, *args, **kwargs):
+    def variables(self, *args: Any, **kwargs: Any) -> List[tf.Variable]:
         return self._get_optimizer().variables(*args, **kwargs)
 
 
-def unshared_message(tower, variables):
+def unshared_message(tower: int, variables: Sequence[Any]) -> str:
     return ("replicate_model_fn: tower %d created new trainable variables %s instead of "
             "sharing tower 0's. Create variables with tf.compat.v1.get_variable (or "
             "tf.compat.v1.layers), not tf.Variable." % (tower, [v.name for v in variables]))
