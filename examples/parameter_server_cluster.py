@@ -6,7 +6,10 @@ fusedopt's op library, which `python -m fusedopt.server` does before serving. Th
 starts 2 parameter servers and 2 workers that way on free ports of 127.0.0.1, then acts as
 the chief: builds a Keras 2 model whose embedding table is split over both parameter servers,
 trains it through a `ClusterCoordinator`, prints the loss and where each shard and its fused
-update ran, and stops every process it started, also when something fails.
+update ran, and stops every process it started, also when something fails. (TensorFlow's
+server listens on every network interface whatever address the cluster names, and it is
+unauthenticated: run this where those ports cannot be reached from outside;
+docs/guides/distributed.md, "Security".)
 
     python examples/parameter_server_cluster.py                          # 1M-row table
     python examples/parameter_server_cluster.py --rows 1000 --steps 10   # a quick look
