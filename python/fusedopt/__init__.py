@@ -26,11 +26,11 @@ _loader.install_import_check()
 _LAZY_SUBMODULES = ("ops", "keras", "compat", "estimator", "reference")
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name):
     if name in _LAZY_SUBMODULES:
         return _importlib.import_module(f"{__name__}.{name}")  # also sets the attribute
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def __dir__() -> list:
+def __dir__():
     return sorted(set(globals()) | set(_LAZY_SUBMODULES))
