@@ -2,8 +2,9 @@
 # Debian packages the builds need: Bazel (Debian's bazel-bootstrap 4.2.3, offline-capable with
 # the workarounds in WORKSPACE) and the rules_java it loads; the highwayhash and farmhash
 # headers that TensorFlow's XLA headers include (the pip wheel does not ship them; the XLA
-# kernels in cc/tf/xla_kernels.cc need them). Skips what is already there.
-# --pip-build: only what the pip build needs (the headers; no Bazel): tools/run_demo.sh.
+# kernels in cc/tf/xla_kernels.cc need them); Chromium, for the documentation site's browser
+# test. Skips what is already there.
+# --pip-build: only what the pip build needs (the headers; no Bazel, no Chromium): tools/run_demo.sh.
 # Installing needs
 # root: run as root, or with sudo usable without a password prompt; otherwise it names the
 # packages and the command to run, and exits 1.
@@ -11,6 +12,10 @@ set -euo pipefail
 missing=()
 if [[ ${1:-} != --pip-build ]]; then
   command -v bazel >/dev/null && [[ -d /usr/share/bazel/rules/java ]] || missing+=(bazel-bootstrap bazel-rules-java)
+fi
+# Chromium: the documentation site's browser test (tests/docs/test_docs_site.py).
+if [[ ${1:-} != --pip-build ]]; then
+  command -v chromium >/dev/null || missing+=(chromium)
 fi
 [[ -f /usr/include/highwayhash/sip_hash.h ]] || missing+=(libhighwayhash-dev)
 [[ -f /usr/include/farmhash.h ]] || missing+=(libfarmhash-dev)

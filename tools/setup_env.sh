@@ -2,9 +2,9 @@
 # Usage: tools/setup_env.sh {2.21|2.15} [VENV_DIR] [--demo]
 # Creates (or reuses) a virtual environment with the pinned TensorFlow and prints its python.
 # Default VENV_DIR: .venv-tf221 / .venv-tf215 in the repo root.
-#   default: what the test suite and the benchmark need (test tools; on 2.21 tf_keras and the
-#            benchmark peers torch and matplotlib; on 2.15 tensorflow-estimator and
-#            tensorflow-addons);
+#   default: what the test suite and the benchmark need (test tools; on 2.21 tf_keras, the
+#            benchmark peers torch and matplotlib, and the documentation tools of
+#            docs/requirements.txt; on 2.15 tensorflow-estimator and tensorflow-addons);
 #   --demo:  only what building fusedopt and running `python -m fusedopt.demo` need
 #            (TensorFlow, setuptools, pybind11): tools/run_demo.sh.
 set -euo pipefail
@@ -45,5 +45,7 @@ if [[ $version == 2.21 ]] && ((!demo)); then
   "$venv/bin/python" -m pip install -q --disable-pip-version-check torch==2.13.0 matplotlib==3.11.2 >&2
   # tf_keras without --no-deps would pull in the full `tensorflow` wheel next to tensorflow-cpu.
   "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps tf-keras==2.21.0 >&2
+  # The documentation site's tools (mkdocs.yml; tests/docs/test_docs_site.py builds it here).
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$root/docs/requirements.txt" >&2
 fi
 echo "$venv/bin/python"

@@ -5,7 +5,7 @@
 # that minor, the Keras it installs, and tf_keras of the same minor), a pip build of fusedopt
 # against it, and the op, compat.v1 and Keras tests (Keras 3 or 2.15, and the Keras 2 legacy
 # optimizers through tf_keras). Not part of CI (about 10 minutes a version on 2 cores): run it
-# when a TensorFlow release appears and copy the table into README ("Supported versions").
+# when a TensorFlow release appears and copy the table into docs/install.md ("Supported versions").
 #
 # It tests the committed HEAD: a snapshot (git archive) in $MATRIX_DIR/src is built and
 # tested, so edits made while it runs do not leak into later versions. Each version's row

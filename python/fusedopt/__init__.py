@@ -13,6 +13,8 @@ import importlib as _importlib
 
 __version__ = "0.2.0"
 
+__all__ = ["__version__", "ops", "keras", "compat", "estimator", "reference"]
+
 from fusedopt import _loader
 from fusedopt._warnings import FallbackWarning, FusedOptWarning, IgnoredOptionWarning
 

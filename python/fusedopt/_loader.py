@@ -16,6 +16,12 @@ import os
 import struct
 import sys
 import threading
+from typing import Any, Dict, Optional
+
+__all__ = ["LIBRARY_NAME", "REBUILD_COMMAND", "BAZEL_REBUILD_COMMAND", "EXTENSIONS",
+           "library_path", "build_info", "library_record", "rebuild_hint", "library_problem",
+           "recorded", "check_library", "tensorflow_distribution", "wheel_name",
+           "tensorflow_requirement", "load_library", "install_import_check"]
 
 LIBRARY_NAME = "_fusedopt_ops.so"
 REBUILD_COMMAND = "pip install --no-build-isolation --force-reinstall --no-deps ."
@@ -30,13 +36,13 @@ _library = None
 package_version = "0"
 
 
-def library_path():
+def library_path() -> str:
     """$FUSEDOPT_OPS_LIBRARY if set (e.g. a Bazel output), else the one in the package."""
     return os.environ.get("FUSEDOPT_OPS_LIBRARY") or os.path.join(
         os.path.dirname(os.path.abspath(__file__)), LIBRARY_NAME)
 
 
-def build_info(path=None):
+def build_info(path: Optional[str] = None) -> Dict[str, Any]:
     """What the library at `path` was built with (from _build_info.json beside it), or {}."""
     info_path = os.path.join(os.path.dirname(path or library_path()), "_build_info.json")
     try:
@@ -47,7 +53,7 @@ def build_info(path=None):
     return info if isinstance(info, dict) else {}
 
 
-def library_record(path):
+def library_record(path: str) -> Dict[str, Any]:
     """{"size", "sha256"} of a built library, as the builds record it in _build_info.json."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -56,7 +62,7 @@ def library_record(path):
     return {"size": os.path.getsize(path), "sha256": digest.hexdigest()}
 
 
-def rebuild_hint(info):
+def rebuild_hint(info: Dict[str, Any]) -> str:
     hint = f"rebuild it in this environment with:\n    {REBUILD_COMMAND}"
     if info.get("build_system") == "bazel":
         hint += f"\n(or, for this Bazel build: {BAZEL_REBUILD_COMMAND})"
@@ -94,7 +100,7 @@ def _elf_problem(f, size):
     return None
 
 
-def library_problem(path, record=None):
+def library_problem(path: str, record: Optional[Dict[str, Any]] = None) -> Optional[str]:
     """Why the native library at `path` must not be loaded (a phrase), or None.
 
     `record`: {"size", "sha256"} from the build, checked when given.
@@ -122,7 +128,7 @@ def library_problem(path, record=None):
     return None
 
 
-def recorded(path, info=None):
+def recorded(path: str, info: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
     """The build's {"size", "sha256"} for the library at `path`, or None if not recorded."""
     info = build_info(path) if info is None else info
     libraries = info.get("libraries")
@@ -130,7 +136,7 @@ def recorded(path, info=None):
     return record if isinstance(record, dict) else None
 
 
-def check_library(path, what):
+def check_library(path: str, what: str) -> None:
     """Raises ImportError (naming the file, the problem and the rebuild command) unless the
     library at `path` is safe to dlopen."""
     info = build_info(path)
@@ -148,7 +154,7 @@ TENSORFLOW_DISTRIBUTIONS = ("tensorflow-cpu", "tensorflow", "tensorflow-intel",
                             "tensorflow-macos", "tf-nightly-cpu", "tf-nightly")
 
 
-def tensorflow_distribution(tf_version):
+def tensorflow_distribution(tf_version: str) -> str:
     """The installed distribution whose version is `tf_version` (the running `tensorflow`
     package's), e.g. "tensorflow-cpu"; "tensorflow" when none is found."""
     import importlib.metadata
@@ -162,7 +168,7 @@ def tensorflow_distribution(tf_version):
     return "tensorflow"
 
 
-def wheel_name(tf_version, distribution):
+def wheel_name(tf_version: str, distribution: str) -> str:
     """The distribution name of fusedopt's wheel for a TensorFlow: ``fusedopt-tf2.21`` pins
     `tensorflow`, ``fusedopt-tf2.21-cpu`` pins `tensorflow-cpu` (tools/build_wheel.sh).
 
@@ -174,7 +180,7 @@ def wheel_name(tf_version, distribution):
     return f"fusedopt-tf{major}.{minor}" + ("-cpu" if distribution == "tensorflow-cpu" else "")
 
 
-def tensorflow_requirement(tf_version, distribution):
+def tensorflow_requirement(tf_version: str, distribution: str) -> str:
     """The requirement a wheel built against `tf_version` pins: that minor of `distribution`."""
     major, minor = (int(x) for x in _major_minor(tf_version))
     return f"{distribution}>={major}.{minor}.0,<{major}.{minor + 1}"
@@ -200,7 +206,7 @@ def _mismatch_error(path, built, running, detail=""):
         + (f"\n(loader said: {detail})" if detail else ""))
 
 
-def load_library():
+def load_library() -> Any:
     """Loads the op library (once) and returns its generated op module."""
     global _library
     if _library is not None:
@@ -262,7 +268,7 @@ class _CheckedExtensionFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
-def install_import_check():
+def install_import_check() -> None:
     """Puts the extension check in front of Python's own finders (once)."""
     if not any(isinstance(f, _CheckedExtensionFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _CheckedExtensionFinder())

@@ -11,6 +11,7 @@ variables in the same function run before or after it in program order, exactly 
 the list op.
 """
 import weakref
+from typing import Any, List, Optional, Sequence
 
 from tensorflow.python.framework import auto_control_deps
 from tensorflow.python.framework import ops as tf_ops
@@ -20,10 +21,12 @@ from tensorflow.python.framework import ops as tf_ops
 # reused id from matching; the members' handles are held so their ids stay theirs.
 _handles = {}
 
+__all__ = ["PACK_OP", "register", "pack_members"]
+
 PACK_OP = "FusedOpt>VariablePack"
 
 
-def register(handle, member_handles):
+def register(handle: Any, member_handles: Sequence[Any]) -> None:
     """Records an eager pack handle and its members' (eager) handles."""
     key = id(handle)
     entry = (weakref.ref(handle), tuple(member_handles))
@@ -76,7 +79,7 @@ def _root(tensor):
     return tensor
 
 
-def pack_members(pack):
+def pack_members(pack: Any) -> Optional[List[Any]]:
     """The roots of a pack tensor's members (see _root), or None when it cannot be told
     which pack it is (e.g. a tf.function argument: a different pack each call)."""
     root = _root(pack)

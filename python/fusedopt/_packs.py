@@ -22,6 +22,8 @@ does), variables whose handles are eager tensors.
 import collections
 import copy
 
+from typing import Any, List, Sequence
+
 import tensorflow as tf
 from tensorflow.python.framework import ops as tf_ops
 
@@ -29,6 +31,8 @@ from fusedopt import ops, reference
 
 # Packs per optimizer: one per (members, device) seen; the oldest goes past this (a group
 # whose membership changes every step, e.g. a gradient that is sometimes None).
+__all__ = ["MAX_PACKS", "PackCache", "PacksOfOptimizer", "packable"]
+
 MAX_PACKS = 16
 
 class _Pack(tf.saved_model.experimental.TrackableResource):
@@ -78,10 +82,10 @@ class PackCache:
         self._packs = collections.OrderedDict()
         self._slot_variables = slot_variables or (lambda: ())
 
-    def packs(self):
+    def packs(self) -> List[Any]:
         return list(self._packs.values())
 
-    def handle(self, members, device):
+    def handle(self, members: Sequence[tf.Variable], device: str) -> tf.Tensor:
         # A cached pack holds its members: their ids cannot be reused while it is here.
         key = (tuple(id(m) for m in members), device)
         pack = self._packs.get(key)
@@ -127,7 +131,7 @@ class PacksOfOptimizer:
         return children
 
 
-def packable(variables):
+def packable(variables: Sequence[Any]) -> bool:
     """Whether these (unwrapped, resource) variables can go in a pack here."""
     if not tf.compat.v1.executing_eagerly_outside_functions():
         return False  # a TF1 graph: nothing eager to hold

@@ -4,7 +4,7 @@ An optimizer with compact slots (``slot_dtype=``, fusedopt._compact) writes 16-b
 into its checkpoints, and TensorFlow's restore refuses a tensor whose dtype is not the
 variable's: such a checkpoint does not restore into TF's or Keras's optimizers (float32
 slots), nor a float32-slot checkpoint into a compact optimizer. ``cast_slots`` writes a
-copy of a checkpoint with its optimizer slots cast, which then restores::
+copy of a checkpoint with its optimizer slots cast, which then restores:
 
     fusedopt.checkpoint.cast_slots("run/ckpt-100", "run32/ckpt-100", "float32")
     tf.train.Checkpoint(model=model, optimizer=keras.optimizers.Adam()).restore("run32/ckpt-100")
@@ -13,9 +13,13 @@ The slots are found in the checkpoint's object graph (TF2 object-based checkpoin
 ``tf.train.Checkpoint``, Keras's and ``fusedopt``'s optimizers of every API); a
 name-based ``tf.compat.v1.train.Saver`` checkpoint has none: pass ``keys``.
 """
+from typing import Iterable, Optional, Set, Union
+
 import tensorflow as tf
 
 from fusedopt import _compact, rules
+
+__all__ = ["slot_keys", "cast_slots"]
 
 _OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
 _FLOATS = (tf.float32, tf.bfloat16, tf.float16)
@@ -29,7 +33,7 @@ def _keras_slot_lists():
     return {attr for spec in specs for attr in spec.slots}
 
 
-def slot_keys(path):
+def slot_keys(path: str) -> Set[str]:
     """The checkpoint keys of the optimizer slots in the object-based checkpoint `path`:
     slot variables (``tf.compat.v1`` and Keras 2 optimizers) and the members of Keras 3
     optimizers' slot lists. Empty for a name-based checkpoint."""
@@ -50,15 +54,27 @@ def slot_keys(path):
     return {attribute.checkpoint_key for n in nodes for attribute in graph.nodes[n].attributes}
 
 
-def cast_slots(source, target, dtype, keys=None):
+def cast_slots(source: str, target: str, dtype: Union[str, tf.DType],
+               keys: Optional[Iterable[str]] = None) -> str:
     """Writes checkpoint `target` (a prefix): `source` with its optimizer slots in `dtype`.
 
-    dtype: "float32" (restore into float32-slot optimizers: TF's, Keras's, fusedopt's by
-      default) or "bfloat16"/"float16" (into compact ones). Only float32/bfloat16/float16
-      slots are cast (a float64 variable's stay float64, as its optimizer keeps them).
-    keys: the slots' checkpoint keys; default ``slot_keys(source)`` (required for a
-      name-based checkpoint, e.g. ``{"emb/Adam", "emb/Adam_1"}``).
-    Every tensor is read into memory once. Returns `target`.
+    Every tensor is read into memory once.
+
+    Args:
+      source: the checkpoint to read (a prefix, as ``tf.train.Checkpoint.write`` returns).
+      target: the checkpoint to write (a prefix).
+      dtype: "float32" (restore into float32-slot optimizers: TF's, Keras's, fusedopt's by
+        default) or "bfloat16"/"float16" (into compact ones). Only float32/bfloat16/float16
+        slots are cast (a float64 variable's stay float64, as its optimizer keeps them).
+      keys: the slots' checkpoint keys; default ``slot_keys(source)`` (required for a
+        name-based checkpoint, e.g. ``{"emb/Adam", "emb/Adam_1"}``).
+
+    Returns:
+      `target`.
+
+    Raises:
+      ValueError: no optimizer slots are found in `source` (a name-based checkpoint needs
+        `keys`), or a key is not in it.
     """
     dtype = _compact.parse_slot_dtype(dtype) or tf.float32
     reader = tf.train.load_checkpoint(source)

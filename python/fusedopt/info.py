@@ -7,15 +7,20 @@ rebuild or install) follows the lines, on stderr; the exit status is then 1.
 import os
 import platform
 import sys
+from typing import Any, Dict, List, Optional, Tuple
 
 import fusedopt
 from fusedopt import _loader
+
+__all__ = ["HUGE_PAGES_SETTING", "SEPARATION_SETTING", "transparent_huge_pages_mode",
+           "huge_pages_available", "kernel_can_collapse", "huge_pages_status",
+           "buffer_separation_status", "cpu_vector_status", "describe", "main"]
 
 
 HUGE_PAGES_SETTING = "FUSEDOPT_HUGE_PAGES"
 
 
-def transparent_huge_pages_mode():
+def transparent_huge_pages_mode() -> Optional[str]:
     """The kernel's transparent huge page mode ('always', 'madvise', 'never'), or None."""
     try:
         with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
@@ -26,12 +31,12 @@ def transparent_huge_pages_mode():
     return chosen[0] if chosen else None
 
 
-def huge_pages_available():
+def huge_pages_available() -> bool:
     """Whether the kernel gives huge pages to memory that asks for them (THP not 'never')."""
     return transparent_huge_pages_mode() in ("always", "madvise")
 
 
-def kernel_can_collapse():
+def kernel_can_collapse() -> bool:
     """MADV_COLLAPSE exists from Linux 6.1."""
     try:
         major, minor = (int(part) for part in platform.release().split(".")[:2])
@@ -40,8 +45,8 @@ def kernel_can_collapse():
     return (major, minor) >= (6, 1)
 
 
-def huge_pages_status():
-    """One line: do the ops put big tables on huge pages (see README, Performance)?"""
+def huge_pages_status() -> str:
+    """One line: do the ops put big tables on huge pages (docs/guides/performance.md)?"""
     if os.environ.get(HUGE_PAGES_SETTING) == "0":
         return f"off ({HUGE_PAGES_SETTING}=0)"
     mode = transparent_huge_pages_mode()
@@ -56,7 +61,7 @@ def huge_pages_status():
 SEPARATION_SETTING = "FUSEDOPT_SEPARATE_BUFFERS"
 
 
-def buffer_separation_status():
+def buffer_separation_status() -> str:
     """One line: do the ops move variable/slot buffers the L1 cache cannot hold together?"""
     if os.environ.get(SEPARATION_SETTING) == "0":
         return f"off ({SEPARATION_SETTING}=0)"
@@ -65,7 +70,7 @@ def buffer_separation_status():
             "turns it off)")
 
 
-def cpu_vector_status():
+def cpu_vector_status() -> str:
     """One line: the vector instruction set of the CPU kernels' element loops."""
     try:
         from fusedopt import _core
@@ -129,11 +134,21 @@ def _registered_ops(errors):
         return None
 
 
-def describe(errors=None):
+def describe(errors: Optional[List[Tuple[str, Exception]]] = None) -> Dict[str, Any]:
     """A dict describing the build, the running TF and the registered kernels.
 
     Nothing that fails to load is raised: its entry says NOT LOADABLE, and the exception is
-    appended to `errors` (a list of (what, exception)) when one is given."""
+    appended to `errors` (a list of (what, exception)) when one is given.
+
+    Args:
+      errors: a list to append ``(what, exception)`` to for each part that does not load.
+
+    Returns:
+      ``{"fusedopt_version", "library", "op_library", "core_module",
+      "built_against_tensorflow", "running_tensorflow", "build_system", "compiler",
+      "cpu_kernels", "cuda_kernels", "huge_pages_for_tables", "cpu_vector_loops",
+      "cache_aliased_buffers", "ops"}``: what ``python -m fusedopt.info`` prints.
+    """
     errors = [] if errors is None else errors
     info = _loader.build_info()
     try:
@@ -168,7 +183,7 @@ def describe(errors=None):
     }
 
 
-def main():
+def main() -> int:
     """Prints the description, then any load error in full; exit status 1 if there was one."""
     errors = []
     info = describe(errors)

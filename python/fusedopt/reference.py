@@ -9,6 +9,8 @@ the op's arguments (``lazy_adam(var, m, v, grad, **hyper, **options)`` ->
 Half/bfloat16 compute in float32 and round the result once, like the kernels.
 """
 
+from typing import Any, List, Optional, Sequence, Tuple
+
 import tensorflow as tf
 
 from fusedopt import rules
@@ -68,7 +70,8 @@ def _call_rule(rule, var, slots, grad, kwargs):
 def _rule_function(rule):
     spec = RULES[rule]
 
-    def fn(var, *slots_and_grad, **hyper_and_options):
+    def fn(var: tf.Tensor, *slots_and_grad: tf.Tensor,
+           **hyper_and_options: Any) -> Tuple[tf.Tensor, ...]:
         *slots, grad = slots_and_grad
         new_var, new_slots = _call_rule(rule, var, slots, grad, hyper_and_options)
         return (new_var,) + new_slots
@@ -92,7 +95,8 @@ def _result(updates):
     return None if tf.executing_eagerly() or tf.inside_function() else tf.group(*updates)
 
 
-def apply_dense(rule, var_variable, slot_variables, grad, **hyper_and_options):
+def apply_dense(rule: str, var_variable: tf.Variable, slot_variables: Sequence[tf.Variable],
+                grad: tf.Tensor, **hyper_and_options: Any) -> Optional[tf.Operation]:
     """var, slots <- rule(var, slots, grad).
 
     Returns the grouped assign op in v1 graphs, else None.
@@ -106,7 +110,9 @@ def apply_dense(rule, var_variable, slot_variables, grad, **hyper_and_options):
     return _result(updates)
 
 
-def apply_sparse(rule, var_variable, slot_variables, grad, indices, **hyper_and_options):
+def apply_sparse(rule: str, var_variable: tf.Variable, slot_variables: Sequence[tf.Variable],
+                 grad: tf.Tensor, indices: tf.Tensor,
+                 **hyper_and_options: Any) -> Optional[tf.Operation]:
     """Sparse update: duplicate indices summed, each touched row updated once.
 
     Rows not in `indices` are never written. Works in graph, eager and
@@ -143,7 +149,7 @@ def _index_error(position, value, rows):
     return "indices[%d] = %d is not in [0, %d)" % (position, value, rows)
 
 
-def check_indices(indices, rows):
+def check_indices(indices: tf.Tensor, rows: Any) -> tf.Tensor:
     """`indices` (1-D), once every one is in [0, rows): the ops' rule and message.
 
     Eagerly it raises InvalidArgumentError at once; in graphs and tf.function the result
@@ -170,7 +176,9 @@ def check_indices(indices, rows):
         return tf.identity(indices)
 
 
-def masked_sparse_update(rule, var, slots, grad, indices, **hyper_and_options):
+def masked_sparse_update(rule: str, var: tf.Tensor, slots: Sequence[tf.Tensor], grad: tf.Tensor,
+                         indices: tf.Tensor,
+                         **hyper_and_options: Any) -> Tuple[tf.Tensor, List[tf.Tensor]]:
     """The sparse update as full-size tensors: (new_var, new_slots).
 
     Duplicate indices are summed into a var-shaped gradient, the rule runs on every row

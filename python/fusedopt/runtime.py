@@ -7,10 +7,14 @@ counters) through one ctypes call. ``python -m fusedopt.info`` prints them.
 """
 import ctypes
 import os
+from typing import Dict, Union
 
 import tensorflow as tf
 
 from fusedopt import _loader
+
+__all__ = ["HUGE_PAGE_STATS", "SEPARATION_STATS", "huge_page_stats", "buffer_separation_stats",
+           "cpu_isa", "xla_cpu_lowering"]
 
 HUGE_PAGE_STATS = ("enabled", "advised_calls", "collapsed_buffers", "collapsed_bytes",
                    "collapse_failures", "pending_bytes")
@@ -31,7 +35,7 @@ def _counters(symbol, names):
     return stats
 
 
-def huge_page_stats():
+def huge_page_stats() -> Dict[str, Union[int, bool]]:
     """What the op library's CPU kernels did about huge pages (cc/core/huge_pages.h): for
     variables and slots of 32 MB or more they advise transparent huge pages and collapse
     the buffer to huge pages once, in a background thread. ``enabled`` is False with
@@ -40,7 +44,7 @@ def huge_page_stats():
     return _counters("fusedopt_huge_page_stats", HUGE_PAGE_STATS)
 
 
-def buffer_separation_stats():
+def buffer_separation_stats() -> Dict[str, Union[int, bool]]:
     """Variable and slot buffers (1 MB or more) the CPU kernels moved because the L1 cache
     could not hold them beside another buffer of the same update (cc/core/cache_alias.h):
     addresses equal modulo 256 MB, as TF's allocator places equal-size large tensors, evict
@@ -50,7 +54,7 @@ def buffer_separation_stats():
     return _counters("fusedopt_separation_stats", SEPARATION_STATS)
 
 
-def cpu_isa():
+def cpu_isa() -> str:
     """The vector instruction set of the op library's CPU element loops: ``"avx2"`` where
     the CPU has it, else ``"baseline"`` (x86-64 SSE2; also with ``FUSEDOPT_CPU_ISA=baseline``).
     Results are bit-identical either way (the same operations per element, no FMA)."""
@@ -59,7 +63,7 @@ def cpu_isa():
     return library.fusedopt_cpu_isa().decode()
 
 
-def xla_cpu_lowering():
+def xla_cpu_lowering() -> str:
     """How the resource ops run inside XLA-compiled steps on the CPU: "custom_call" (the CPU
     engine itself, called from XLA; TF >= 2.16, whose XLA has the typed FFI) or "hlo" (the
     rule built as XLA operations; also what XLA:GPU runs, and FUSEDOPT_XLA_LOWERING=hlo)."""

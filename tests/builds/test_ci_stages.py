@@ -47,7 +47,7 @@ def test_only_the_second_stage_sets_the_variable():
 
 # The tests marked `once`, each independent of TensorFlow's version: the benchmark harness,
 # FBGEMM in its own venv, TF-free tools and builds, install checks no TensorFlow takes part
-# in. A file stands for every test in it. Marking another test means listing it here.
+# in, the documentation site (built with the first stage's TensorFlow, where its tools are). A file stands for every test in it. Marking another test means listing it here.
 ONCE_TESTS = {
     "tests/builds/test_bench.py",
     "tests/builds/test_bench_fbgemm.py",
@@ -60,6 +60,7 @@ ONCE_TESTS = {
     "tests/builds/test_packaging.py::test_plain_pip_install_explains_build_isolation",
     "tests/builds/test_packaging.py::test_sdist_holds_everything_both_builds_and_the_tests_read",
     "tests/core/test_fbgemm_oracle.py",
+    "tests/docs/test_docs_site.py",  # the site is built in the first stage's environment
 }
 
 

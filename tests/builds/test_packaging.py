@@ -174,11 +174,16 @@ def test_sdist_holds_everything_both_builds_and_the_tests_read(tmp_path):
     sources = {p for key, value in lists.items() if key.isupper() for p in value}
     assert {"cc/core/gpu/engine_gpu_kernels.cuh", "cc/tf/xla_kernels.cc"} <= sources
     expected = sources | {"cc/sources.bzl", "setup.py", "pyproject.toml", "MANIFEST.in",
-                          "LICENSE", "NOTICE", "CHANGELOG.md", "README.md", "BUILD", "WORKSPACE"}
-    for folder in ("python", "tests", "tools", "benchmarks", "third_party"):
+                          "LICENSE", "NOTICE", "CHANGELOG.md", "README.md", "BUILD", "WORKSPACE",
+                          # the documentation site's sources and the examples
+                          "CONTRIBUTING.md", "BENCHMARKS.md", "mkdocs.yml",
+                          "docs/bench/benchmarks.png", "python/fusedopt/py.typed"}
+    for folder in ("python", "tests", "tools", "benchmarks", "third_party", "examples", "docs"):
         for dirpath, dirnames, filenames in os.walk(src / folder):
-            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            dirnames[:] = [d for d in dirnames if d not in ("__pycache__", "bench")]
             expected |= {os.path.relpath(os.path.join(dirpath, f), src) for f in filenames}
+    assert {"examples/keras_recommender.py", "docs/guides/keras.md",
+            "docs/requirements.txt"} <= expected
     assert not expected - members, sorted(expected - members)
     assert not [m for m in members if m.endswith((".so", ".pyc", "_build_info.json"))]
 

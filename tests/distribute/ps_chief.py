@@ -4,7 +4,7 @@
         [--optimizer LazyAdam|RowWiseAdagrad|PartialRowWiseAdam|...]
 
 The ps and worker tasks are ``python -m fusedopt.server`` processes (started by the test,
-or by hand: README "Scaling out").
+or by hand: docs/guides/distributed.md, "Parameter servers").
 Keras model (tf_keras / Keras 2: Keras 3 has no ParameterServerStrategy support) whose
 embedding is split across both parameter servers by ``variable_partitioner``, trained with
 ``fusedopt.keras.LazyAdam`` (or ``--optimizer``: a per-row rule's slots are split with the

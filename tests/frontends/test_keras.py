@@ -241,7 +241,7 @@ def test_fit_steps_per_execution_matches_one_step_per_call(rule):
     loop inside the function, with dense and sparse updates in its body) give the same
     weights, slots and iteration count as one step per call; on a dense model, the same as
     the Keras class replaced. (On the embedding the Keras classes differ by design: they
-    square each duplicate id's gradient separately; README, "Sparse semantics".)"""
+    square each duplicate id's gradient separately; docs/guides/keras.md, "What differs on sparse gradients".)"""
     def fit(model, x, y, which, steps):
         opt = make(rule, which, learning_rate=0.05)
         model.compile(optimizer=opt, loss="mse", jit_compile=False,
@@ -392,8 +392,8 @@ def test_default_name_is_the_replaced_class(rule):
 
 @pytest.mark.parametrize("direction", ["keras_to_fused", "fused_to_keras"])
 def test_keras_file_interchange_with_keras_adam(tmp_path, direction):
-    """A .keras file saved with either optimizer goes on with the other (README: the class
-    from the other's config, built on the model, its variables assigned in order: the
+    """A .keras file saved with either optimizer goes on with the other (docs/MIGRATING.md:
+    the class from the other's config, built on the model, its variables assigned in order: the
     same layout), and training goes on identically; tf.train.Checkpoint interchanges
     directly (test_checkpoint_round_trip_and_keras_adam_compat, both ways)."""
     x, y = _data()

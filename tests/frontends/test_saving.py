@@ -1,4 +1,4 @@
-"""README "Saving and loading": what a fresh process needs to load what was saved with
+"""docs/guides/saving.md: what a fresh process needs to load what was saved with
 fusedopt's optimizers (Keras 3 on TF >= 2.16, Keras 2.15 on TF 2.15).
 
 - A ``.keras`` file: the optimizer is a registered custom class. Keras 3 finds it only once

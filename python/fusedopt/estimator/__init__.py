@@ -2,7 +2,7 @@
 
 A port of ``tf.contrib.estimator.replicate_model_fn`` (TF 1.x) for today's TensorFlow,
 working with fusedopt's optimizers (``fusedopt.compat.v1``) and any
-``tf.compat.v1.train.Optimizer``::
+``tf.compat.v1.train.Optimizer``:
 
     def model_fn(features, labels, mode, params):
         ...

@@ -8,9 +8,13 @@ outputs, one per tower, stacked). Hooks and the scaffold are one tower's, as in 
 the last tower's in TRAIN (hooks such as SyncReplicasOptimizer's check calls that only
 the last tower's optimizer makes), tower 0's otherwise.
 """
+from typing import Any, Dict, Optional, Sequence
+
 import tensorflow as tf
 
 from fusedopt.estimator.spec import EstimatorSpec, ModeKeys
+
+__all__ = ["merge_specs", "concat", "merge_export_outputs", "merge_metrics"]
 from fusedopt.estimator.tower_optimizer import Reduction
 
 _HOOK_FIELDS = ("training_chief_hooks", "training_hooks", "evaluation_hooks",
@@ -21,7 +25,8 @@ def _field(spec, name):
     return getattr(spec, name, None)
 
 
-def merge_specs(specs, metric_vars, mode, consolidation, loss_reduction):
+def merge_specs(specs: Sequence[Any], metric_vars: Sequence[Any], mode: str, consolidation: str,
+                loss_reduction: str) -> Any:
     """One EstimatorSpec for the towers' `specs`; merged tensors on `consolidation`."""
     kwargs = {"mode": mode}
     with tf.device(consolidation):
@@ -75,7 +80,7 @@ def _merged_predictions(specs, mode):
             return {"predictions": predictions[0]}
 
 
-def concat(values, stack_scalars=False):
+def concat(values: Sequence[Any], stack_scalars: bool = False) -> Any:
     """Concatenates the towers' tensors (or dicts of them) along the batch dimension.
 
     With `stack_scalars`, towers' scalars become a vector of one value per tower.
@@ -95,7 +100,7 @@ def concat(values, stack_scalars=False):
     return tf.concat(tensors, axis=0)
 
 
-def merge_export_outputs(specs):
+def merge_export_outputs(specs: Sequence[Any]) -> Optional[Dict[str, Any]]:
     merged = {}
     for key, output in specs[0].export_outputs.items():
         outputs = [s.export_outputs[key] for s in specs]
@@ -134,7 +139,8 @@ def _checked_metric_ops(specs):
     return ops
 
 
-def merge_metrics(specs, metric_vars, consolidation):
+def merge_metrics(specs: Sequence[Any], metric_vars: Sequence[Any],
+                  consolidation: str) -> Dict[str, Any]:
     """One (value, update) per metric, over the whole batch.
 
     Metrics keep their state in metric variables (e.g. mean: total and count). After

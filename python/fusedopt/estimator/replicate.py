@@ -16,6 +16,7 @@ import contextlib
 import copy
 import functools
 import inspect
+from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
@@ -30,8 +31,9 @@ from fusedopt.estimator.tower_optimizer import (SAME_CALLS, Reduction, clear_gra
 __all__ = ["replicate_model_fn"]
 
 
-def replicate_model_fn(model_fn, loss_reduction=Reduction.SUM_BY_NONZERO_WEIGHTS,
-                       devices=None, *, variable_placement="consolidation"):
+def replicate_model_fn(model_fn: Callable, loss_reduction: str = Reduction.SUM_BY_NONZERO_WEIGHTS,
+                       devices: Optional[Sequence[str]] = None, *,
+                       variable_placement: str = "consolidation") -> Callable:
     """Replicates ``model_fn`` over ``devices``: one tower per device, one batch split.
 
     Args:

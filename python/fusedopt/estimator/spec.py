@@ -8,6 +8,8 @@ import collections
 
 import tensorflow as tf
 
+__all__ = ["EstimatorSpec", "ModeKeys"]
+
 
 def _estimator_module():
     try:

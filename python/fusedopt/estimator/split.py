@@ -1,8 +1,12 @@
 """Splitting a batch (features or labels) into one part per tower."""
+from typing import Any, List
+
 import tensorflow as tf
 
+__all__ = ["split_batch"]
 
-def split_batch(value, n, path):
+
+def split_batch(value: Any, n: int, path: str) -> List[Any]:
     """``value`` (None, tensor, SparseTensor, dict/list/tuple of them) split into n parts.
 
     `path` names the value in error messages (e.g. ``features['ids']``).

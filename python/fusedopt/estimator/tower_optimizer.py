@@ -4,8 +4,12 @@ The towers of one replicated model_fn and their TowerOptimizers share a ``GraphS
 kept in a graph collection while replicate_model_fn builds the towers.
 """
 import collections
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
+
+__all__ = ["Reduction", "COLLECTION_FOR_GRAPH_STATES", "SAME_CALLS", "GraphState", "graph_state",
+           "clear_graph_state", "TowerOptimizer", "unshared_message"]
 
 Reduction = tf.compat.v1.losses.Reduction
 
@@ -32,11 +36,11 @@ class GraphState:
         self.shared_variables = None  # refs of the variables existing after tower 0
 
     @property
-    def is_last_tower(self):
+    def is_last_tower(self) -> bool:
         return self.tower_index == self.number_of_towers - 1
 
 
-def graph_state(create=True):
+def graph_state(create: bool = True) -> Optional["GraphState"]:
     """The default graph's GraphState; None where there is none and `create` is False."""
     states = tf.compat.v1.get_collection_ref(COLLECTION_FOR_GRAPH_STATES)
     if not states and create:
@@ -44,7 +48,7 @@ def graph_state(create=True):
     return states[0] if states else None
 
 
-def clear_graph_state():
+def clear_graph_state() -> None:
     del tf.compat.v1.get_collection_ref(COLLECTION_FOR_GRAPH_STATES)[:]
 
 
@@ -56,7 +60,7 @@ def _is_optimizer(value):
 class TowerOptimizer(tf.compat.v1.train.Optimizer):
     """Wraps an optimizer so that a replicated model_fn applies gradients once.
 
-    Use it inside the ``model_fn`` given to ``replicate_model_fn``::
+    Use it inside the ``model_fn`` given to ``replicate_model_fn``:
 
         optimizer = fusedopt.estimator.TowerOptimizer(
             fusedopt.compat.v1.LazyAdamOptimizer(1e-3))
@@ -80,7 +84,8 @@ class TowerOptimizer(tf.compat.v1.train.Optimizer):
 
     COLLECTION_FOR_GRAPH_STATES = COLLECTION_FOR_GRAPH_STATES
 
-    def __init__(self, optimizer_or_optimizer_fn):
+    def __init__(self, optimizer_or_optimizer_fn: Union[
+            tf.compat.v1.train.Optimizer, Callable[[], tf.compat.v1.train.Optimizer]]) -> None:
         opt = optimizer_or_optimizer_fn
         is_optimizer = _is_optimizer(opt)
         if not is_optimizer and not callable(opt):
@@ -100,7 +105,7 @@ class TowerOptimizer(tf.compat.v1.train.Optimizer):
         return self._optimizer
 
     @staticmethod
-    def has_been_used():
+    def has_been_used() -> bool:
         """Whether a TowerOptimizer computed or applied gradients in the towers that the
         replicated model_fn is building in the default graph (False outside
         replicate_model_fn: the graph state is cleared when the towers are merged)."""
@@ -109,7 +114,8 @@ class TowerOptimizer(tf.compat.v1.train.Optimizer):
 
     # --- the tower logic --------------------------------------------------------------
 
-    def compute_gradients(self, loss, *args, **kwargs):
+    def compute_gradients(self, loss: tf.Tensor, *args: Any,
+                          **kwargs: Any) -> List[Tuple[Optional[tf.Tensor], tf.Variable]]:
         """The wrapped optimizer's gradients of ``loss / number_of_towers``.
 
         (Of ``loss`` itself when the reduction is ``SUM`` or there is one tower.)
@@ -123,7 +129,9 @@ class TowerOptimizer(tf.compat.v1.train.Optimizer):
                                   name="averaged_loss")
         return self._get_optimizer().compute_gradients(loss, *args, **kwargs)
 
-    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    def apply_gradients(self, grads_and_vars: Sequence[Tuple[Optional[tf.Tensor], tf.Variable]],
+                        global_step: Optional[tf.Variable] = None,
+                        name: Optional[str] = None) -> tf.Operation:
         """Collects this tower's gradients; the last tower applies all towers' sum."""
         state = graph_state(create=False)
         grads_and_vars = list(grads_and_vars)
@@ -169,20 +177,20 @@ class TowerOptimizer(tf.compat.v1.train.Optimizer):
 
     # --- delegation --------------------------------------------------------------------
 
-    def get_slot(self, *args, **kwargs):
+    def get_slot(self, *args: Any, **kwargs: Any) -> Optional[tf.Variable]:
         return self._get_optimizer().get_slot(*args, **kwargs)
 
-    def get_slot_names(self, *args, **kwargs):
+    def get_slot_names(self, *args: Any, **kwargs: Any) -> List[str]:
         return self._get_optimizer().get_slot_names(*args, **kwargs)
 
-    def get_name(self, *args, **kwargs):
+    def get_name(self, *args: Any, **kwargs: Any) -> str:
         return self._get_optimizer().get_name(*args, **kwargs)
 
-    def variables(self, *args, **kwargs):
+    def variables(self, *args: Any, **kwargs: Any) -> List[tf.Variable]:
         return self._get_optimizer().variables(*args, **kwargs)
 
 
-def unshared_message(tower, variables):
+def unshared_message(tower: int, variables: Sequence[Any]) -> str:
     return ("replicate_model_fn: tower %d created new trainable variables %s instead of "
             "sharing tower 0's. Create variables with tf.compat.v1.get_variable (or "
             "tf.compat.v1.layers), not tf.Variable." % (tower, [v.name for v in variables]))
