@@ -15,6 +15,10 @@ import tensorflow as tf
 
 from fusedopt._warnings import IgnoredOptionWarning, warn_once
 
+__all__ = ["COMPACT_DTYPES", "parse_slot_dtype", "slot_dtype_for", "check_strategy",
+           "check_slots", "set_options", "config", "DOC", "KEYWORDS", "with_keywords",
+           "SlotDtypeView"]
+
 COMPACT_DTYPES = (tf.bfloat16, tf.float16)
 
 

@@ -14,6 +14,9 @@ import tensorflow as tf
 from fusedopt import ops  # loads the op library now: before the step's XLA compilation
 from fusedopt import _packs, reference
 
+__all__ = ["unwrap", "apply", "apply_group", "covers", "covers_gradient", "overridden",
+           "groupable", "FUSED_DTYPES", "FUSED_INDEX_DTYPES"]
+
 
 def _op(rule, sparse):
     return getattr(ops, "resource_%sapply_%s" % ("sparse_" if sparse else "", rule))

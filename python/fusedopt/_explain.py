@@ -5,7 +5,7 @@ Every fusedopt optimizer runs fusedopt's fused ops where it can and the replaced
 update where a setting or a dtype has no fused rule (it warns once when that happens:
 ``fusedopt.FallbackWarning``). ``explain`` says, for each variable, what runs for a dense
 gradient and for a sparse one (``tf.IndexedSlices``, an embedding's), and how its slots are
-stored::
+stored:
 
     print(fusedopt.explain(model.optimizer, model.trainable_variables))
 

@@ -1,6 +1,6 @@
 """The warning categories of fusedopt, importable without TensorFlow.
 
-Each names one kind of thing a user may want to silence or turn into an error::
+Each names one kind of thing a user may want to silence or turn into an error:
 
     import warnings, fusedopt
     warnings.filterwarnings("error", category=fusedopt.FallbackWarning)

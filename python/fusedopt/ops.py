@@ -43,6 +43,7 @@ ref wrappers return the updated variable's ref tensor, as TF's ``Apply*`` ops do
 Bad input raises ``tf.errors.InvalidArgumentError`` and leaves every variable as it was.
 """
 import inspect
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -61,7 +62,7 @@ PACKED_GROUP_VARIANT = "resource_packed_group_apply"  # the same, variables in a
 ALL_VARIANTS = VARIANTS + (GROUP_VARIANT, PACKED_GROUP_VARIANT)
 
 
-def op_name(rule, variant):
+def op_name(rule: str, variant: str) -> str:
     """The registered TF op name, e.g. ``FusedOpt>ResourceSparseApplyLazyAdam``,
     ``FusedOpt>ResourceGroupApplyLazyAdam``."""
     prefix = "".join(part.capitalize() for part in variant.split("_"))
@@ -71,7 +72,7 @@ def op_name(rule, variant):
 _gradients_declared = False
 
 
-def load_library():
+def load_library():  # -> the op library's generated module
     """Loads the op library (once) and returns its generated op module."""
     global _gradients_declared
     library = _loader.load_library()
@@ -212,7 +213,7 @@ def _apply_packed_group(rule, pack, hyper, grads, use_locking, options, name):
     return fn(**kwargs)
 
 
-def variable_pack(members, name=None):
+def variable_pack(members: list, name: Optional[str] = None) -> tf.Tensor:
     """A member pack of resource variables (``tf.Variable`` objects, all distinct) for the
     ``resource_packed_group_apply_<rule>`` ops: every variable, then each slot's variables,
     in the group op's order. Returns its handle (a scalar resource tensor that owns the
@@ -269,8 +270,9 @@ def _make_wrapper(rule, variant):
     P = inspect.Parameter
     wrapper.__signature__ = inspect.Signature(
         [P(n, P.POSITIONAL_OR_KEYWORD) for n in positional]
-        + [P(n, P.POSITIONAL_OR_KEYWORD, default=d) for n, d in keyword]
-        + [P("stochastic_rounding", P.KEYWORD_ONLY, default=False),
+        + [P(n, P.POSITIONAL_OR_KEYWORD, default=d,
+             annotation=Optional[str] if n == "name" else bool) for n, d in keyword]
+        + [P("stochastic_rounding", P.KEYWORD_ONLY, default=False, annotation=bool),
            P("rounding_seed", P.KEYWORD_ONLY, default=None)])
     wrapper.__name__ = wrapper.__qualname__ = f"{variant}_{rule}"
     wrapper.__doc__ = (f"{spec['op_name']} {_VARIANT_DOCS[variant]}.\n\n"
@@ -281,10 +283,18 @@ def _make_wrapper(rule, variant):
     return wrapper
 
 
+__all__ = ["RULES", "VARIANTS", "GROUP_VARIANT", "PACKED_GROUP_VARIANT", "ALL_VARIANTS",
+           "op_name", "load_library", "variable_pack", "huge_page_stats",
+           "buffer_separation_stats", "cpu_isa", "xla_cpu_lowering"]
 for _rule in RULES:
     for _variant in ALL_VARIANTS:
         globals()[f"{_variant}_{_rule}"] = _make_wrapper(_rule, _variant)
+        __all__.append(f"{_variant}_{_rule}")
 del _rule, _variant
+
+
+def __dir__():
+    return sorted(__all__)
 
 
 # Loaded at import, not on first use: XLA lists its JIT kernels at the process's first XLA

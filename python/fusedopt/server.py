@@ -4,7 +4,7 @@ Under ``tf.distribute.ParameterServerStrategy`` an optimizer's update ops run wh
 variables live: on the parameter servers. A server process can only run (and a worker only
 place) an op whose kernel is registered in it, so every ``ps`` and ``worker`` task of a
 cluster trained with fusedopt must load the op library first. This module does that, then
-starts a standard TensorFlow gRPC server and serves until killed::
+starts a standard TensorFlow gRPC server and serves until killed:
 
     python -m fusedopt.server --cluster_spec '{"ps": ["127.0.0.1:2222", "127.0.0.1:2223"],
         "worker": ["127.0.0.1:2224", "127.0.0.1:2225"], "chief": ["127.0.0.1:2226"]}' \
@@ -49,6 +49,10 @@ import sys
 # letters, digits or underscores. Any other name ends in TensorFlow's check failure
 # (SIGABRT) once the server starts.
 JOB_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+
+
+__all__ = ["parse_args", "resolve", "enable_placement_log", "start", "ready_file_problem",
+           "write_ready_file", "listening_addresses", "exposure_note", "main"]
 
 
 def parse_args(argv=None):

@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.once]
 
 # The API pages and the modules each documents (every name of the module's __all__).
 API_PAGES = {
+    "api/package": ["fusedopt"],
     "api/keras": ["fusedopt.keras", "fusedopt.keras.dtensor", "fusedopt.keras.migrate"],
     "api/keras-legacy": ["fusedopt.keras.legacy"],
     "api/compat-v1": ["fusedopt.compat.v1"],

@@ -3,7 +3,7 @@
 TF-free and fusedopt-free: TensorFlow 2.21 and the torch fbgemm-gpu-cpu 1.9.0 needs (2.14)
 crash when imported into one process, so this script runs as a child process with the
 interpreter of ``tools/setup_fbgemm_env.sh``'s venv, in isolated mode (``python -I``: the
-bench folder, with its config.py and timing.py, stays off sys.path)::
+bench folder, with its config.py and timing.py, stays off sys.path):
 
     python -I fbgemm_worker.py REQUEST.npz RESULT.npz
 

@@ -2,7 +2,7 @@
 
 Drop-in replacements for TF1-style code (graph mode with ``tf.compat.v1.Session`` or
 ``tf.compat.v1.estimator.Estimator``, and eager mode), one per rule of the registry, built
-from the rule's ``COMPAT_V1`` spec (``fusedopt/rules/<rule>.py``)::
+from the rule's ``COMPAT_V1`` spec (``fusedopt/rules/<rule>.py``):
 
     opt = fusedopt.compat.v1.LazyAdamOptimizer(1e-3)   # was tf.contrib.opt.LazyAdamOptimizer
     opt = fusedopt.compat.v1.AdamaxOptimizer(1e-3)     # was tf.contrib.opt.AdaMaxOptimizer
@@ -352,3 +352,7 @@ def _make_class(rule, spec):
 
 
 __all__ = _rules.define_classes(globals(), "COMPAT_V1", _make_class)
+
+
+def __dir__():  # the classes, not this module's plumbing
+    return sorted(__all__)

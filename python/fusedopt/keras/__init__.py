@@ -418,3 +418,7 @@ def _make_class(rule, spec):
 
 
 __all__ = _rules.define_classes(globals(), "KERAS", _make_class)
+
+
+def __dir__():  # the classes, not this module's plumbing
+    return sorted(__all__)

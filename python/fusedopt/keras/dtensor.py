@@ -1,7 +1,7 @@
 """Fused Adagrad for DTensor meshes (tf_keras's DTensor optimizer support).
 
 ``fusedopt.keras.dtensor.Adagrad`` has the signature of
-``tf.keras.dtensor.experimental.optimizers.Adagrad``::
+``tf.keras.dtensor.experimental.optimizers.Adagrad``:
 
     Adagrad(learning_rate=0.001, initial_accumulator_value=0.1, epsilon=1e-07,
             gradients_clip_option=None, ema_option=None, name="Adagrad", mesh=None)

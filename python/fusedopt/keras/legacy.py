@@ -263,3 +263,7 @@ __all__ = _rules.define_classes(globals(), "LEGACY", lambda rule, spec: _registe
         rule, spec, _FusedApply,
         getattr(_legacy, spec.base) if spec.base else _new_optimizer(rule, spec),
         __name__, _BASE_ARGS))))
+
+
+def __dir__():  # the classes, not this module's plumbing
+    return sorted(__all__)

@@ -4,7 +4,7 @@ Keras 3 loads a Keras 2 ``.h5`` model (``keras.models.load_model(path, compile=F
 layers and weights) but not its optimizer state: it restores optimizer weights by position,
 and Keras 2 saves them as ``[iter, m_1..m_n, v_1..v_n]`` where Keras 3's Adam has
 ``[iterations, learning_rate, m_1, v_1, ...]``, so the state is dropped with a warning and
-Adam restarts from step 1 with zero moments. Here the state moves by name::
+Adam restarts from step 1 with zero moments. Here the state moves by name:
 
     model = keras.models.load_model("tfa_model.h5", compile=False)
     optimizer = migrate.lazy_adam_from_h5("tfa_model.h5")   # fusedopt.keras.LazyAdam, same

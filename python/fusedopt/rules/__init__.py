@@ -13,6 +13,9 @@ import importlib
 
 from fusedopt import _core
 
+__all__ = ["SPECS", "FRONT_ENDS", "names", "module", "front_end_specs", "variant_specs",
+           "select_variant", "define_classes", "fused_subclass"]
+
 # name -> {"op_name", "slots", "hyper", "options"}, in AllRules' order.
 SPECS = _core.rules()
 

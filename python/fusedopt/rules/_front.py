@@ -14,6 +14,10 @@ import dataclasses
 import inspect
 from typing import Callable, Optional, Union
 
+__all__ = ["REQUIRED", "Attr", "Power", "LearningRate", "NewOptimizer", "Keras", "Legacy",
+           "NonSlot", "ArgOr", "CompatV1", "new_optimizer_signature", "bind_new_optimizer",
+           "new_optimizer_base"]
+
 REQUIRED = object()  # a constructor argument without a default
 
 

@@ -10,6 +10,8 @@ import tensorflow as tf
 
 from fusedopt.rules._front import REQUIRED, ArgOr, Attr, CompatV1, Keras, LearningRate, Legacy
 
+__all__ = ["MATH", "composed", "KERAS", "LEGACY", "COMPAT_V1"]
+
 MATH = ("acc += g² (update_slots); "
         "var -= lr·g/(sqrt(acc)+epsilon), or /sqrt(acc+epsilon) with epsilon_inside_sqrt")
 
@@ -68,7 +70,7 @@ COMPAT_V1 = CompatV1(
     doc="""Adagrad, on fusedopt's fused ops.
 
     A drop-in replacement for ``tf.compat.v1.train.AdagradOptimizer``. With
-    ``epsilon=None`` (the default) it is that optimizer's update::
+    ``epsilon=None`` (the default) it is that optimizer's update:
 
         accumulator <- accumulator + g*g;  var <- var - lr * g/sqrt(accumulator)
 

@@ -6,6 +6,8 @@ import tensorflow as tf
 
 from fusedopt.rules._front import Attr, CompatV1, Keras, LearningRate, Legacy, NonSlot, Power
 
+__all__ = ["MATH", "composed", "KERAS", "LEGACY", "COMPAT_V1"]
+
 MATH = "m += (g-m)(1-beta1); v = max(beta2·v, |g|); var -= lr/(1-beta1_power) · m/(v+epsilon)"
 
 
@@ -21,7 +23,7 @@ KERAS = Keras(
     hyper=dict(beta1_power=Power("beta_1"), lr=LearningRate(), beta1=Attr("beta_1"),
                beta2=Attr("beta_2"), epsilon=Attr("epsilon")),
     doc="""Adamax with fused kernels (same arguments, variables and dense numbers as
-    ``keras.optimizers.Adamax``); sparse gradients update only the rows they touch::
+    ``keras.optimizers.Adamax``); sparse gradients update only the rows they touch:
 
         m <- beta_1*m + (1-beta_1)*g;  u <- max(beta_2*u, |g|)
         var <- var - learning_rate/(1-beta_1^t) * m/(u+epsilon)
@@ -56,7 +58,7 @@ COMPAT_V1 = CompatV1(
     powers=(("beta1_power", "beta1"),),
     doc="""AdaMax (Kingma & Ba, 2015, section 7), on fusedopt's fused ops.
 
-    Mirrors ``tf.contrib.opt.AdaMaxOptimizer`` (TF 1.15)::
+    Mirrors ``tf.contrib.opt.AdaMaxOptimizer`` (TF 1.15):
 
         m <- beta1*m + (1-beta1)*g;  v <- max(beta2*v, |g|)
         var <- var - lr/(1-beta1^t) * m/(v+epsilon)

@@ -13,6 +13,8 @@ import tensorflow as tf
 from fusedopt.rules import rms_prop
 from fusedopt.rules._front import CompatV1, Keras, Legacy
 
+__all__ = ["MATH", "composed", "KERAS", "LEGACY", "COMPAT_V1"]
+
 MATH = ("ms += (g²-ms)(1-rho); mg += (g-mg)(1-rho); "
         "mom = momentum·mom + lr·g/sqrt(ms-mg²+epsilon); var -= mom")
 

@@ -6,6 +6,8 @@ import tensorflow as tf
 
 from fusedopt.rules._front import Attr, CompatV1, Keras, LearningRate, Legacy, NonSlot, Power
 
+__all__ = ["MATH", "composed", "KERAS", "LEGACY", "COMPAT_V1"]
+
 MATH = ("m += (g-m)(1-beta1); v += (g²-v)(1-beta2); "
         "var -= lr·sqrt(1-beta2_power)/(1-beta1_power) · m/(sqrt(v)+epsilon)")
 
@@ -28,7 +30,7 @@ KERAS = Keras(
 
     Same arguments, variables and dense numbers as ``keras.optimizers.Adam``
     (``amsgrad=True`` runs Keras's own Adam update). With ``tf.IndexedSlices`` gradients
-    only the rows named by the indices are updated, moments included ("lazy" Adam)::
+    only the rows named by the indices are updated, moments included ("lazy" Adam):
 
         m <- beta_1*m + (1-beta_1)*g;  v <- beta_2*v + (1-beta_2)*g*g
         var <- var - learning_rate*sqrt(1-beta_2^t)/(1-beta_1^t) * m/(sqrt(v)+epsilon)
@@ -83,7 +85,7 @@ COMPAT_V1 = CompatV1(
     A drop-in replacement for ``tf.contrib.opt.LazyAdamOptimizer`` (TF 1.15) and for
     ``tf.compat.v1.train.AdamOptimizer``:
 
-    - dense gradients: exactly Adam (the math of TF's ``ApplyAdam``)::
+    - dense gradients: exactly Adam (the math of TF's ``ApplyAdam``):
 
           m <- beta1*m + (1-beta1)*g;  v <- beta2*v + (1-beta2)*g*g
           var <- var - lr*sqrt(1-beta2^t)/(1-beta1^t) * m/(sqrt(v)+epsilon)

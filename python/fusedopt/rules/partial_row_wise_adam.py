@@ -1,7 +1,7 @@
 """Partial row-wise Adam (FBGEMM / TorchRec ``PARTIAL_ROWWISE_ADAM``): Adam's first moment
 per element, its second moment per row of the variable (its first dimension; a scalar is
 one row), so an embedding table of D columns keeps 1 + 1/D values of state per parameter
-instead of Adam's 2::
+instead of Adam's 2:
 
     v[r]   = beta_2·v[r] + (1-beta_2)·mean(g[r]²)
     m      = beta_1·m + (1-beta_1)·g
@@ -19,6 +19,8 @@ import tensorflow as tf
 from fusedopt.rules._front import (Attr, CompatV1, Keras, LearningRate, Legacy,
                                    NewOptimizer, Power)
 from fusedopt.rules.lazy_adam import adam_compat_v1
+
+__all__ = ["MATH", "composed", "KERAS", "LEGACY", "COMPAT_V1"]
 
 MATH = ("v[r] = beta2·v[r] + (1-beta2)·mean(g[r]²); m = beta1·m + (1-beta1)·g; "
         "var -= lr/(1-beta1_power) / (sqrt(v[r]/(1-beta2_power)) + epsilon) · m  (v: one per row)")
@@ -83,7 +85,7 @@ COMPAT_V1 = CompatV1(
     name="PartialRowWiseAdamOptimizer",
     **adam_compat_v1("PartialRowWiseAdam"),  # Adam's hyper-parameters, as the C++ rule's
     doc="""Partial row-wise Adam (FBGEMM's ``PARTIAL_ROWWISE_ADAM``) on fusedopt's fused ops,
-    as a ``tf.compat.v1.train.Optimizer``::
+    as a ``tf.compat.v1.train.Optimizer``:
 
         v[r]   <- beta2*v[r] + (1-beta2)*mean(g[r]*g[r])
         m      <- beta1*m + (1-beta1)*g

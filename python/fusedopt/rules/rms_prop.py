@@ -13,6 +13,9 @@ import tensorflow as tf
 
 from fusedopt.rules._front import REQUIRED, Attr, CompatV1, Keras, LearningRate, Legacy
 
+__all__ = ["MATH", "composed", "KERAS", "LEGACY", "COMPAT_V1", "COMPAT_V1_SIGNATURE",
+           "COMPAT_V1_HYPER", "KERAS_HYPER", "LEGACY_HYPER"]
+
 MATH = "ms += (g²-ms)(1-rho); mom = momentum·mom + lr·g/sqrt(ms+epsilon); var -= mom"
 
 
@@ -34,7 +37,7 @@ KERAS = Keras(
     variants=((lambda opt: bool(opt.centered), "centered_rms_prop"),),
     doc="""RMSprop with fused kernels (same arguments, variables and dense numbers as
     ``keras.optimizers.RMSprop``) when ``momentum > 0``, centered or not; otherwise
-    Keras's own update. Sparse gradients update only the rows they touch::
+    Keras's own update. Sparse gradients update only the rows they touch:
 
         velocity <- rho*velocity + (1-rho)*g*g
         m <- momentum*m + learning_rate*g/sqrt(velocity + epsilon);  var <- var - m
@@ -84,12 +87,12 @@ COMPAT_V1 = CompatV1(
     anchor="RMSPropOptimizer",
     doc="""RMSprop, on fusedopt's fused ops.
 
-    A drop-in replacement for ``tf.compat.v1.train.RMSPropOptimizer``, every setting::
+    A drop-in replacement for ``tf.compat.v1.train.RMSPropOptimizer``, every setting:
 
         rms <- rms + (g*g - rms)*(1-decay)
         mom <- momentum*mom + lr*g/sqrt(rms + epsilon);  var <- var - mom
 
-    and with ``centered=True`` (TF's ``ApplyCenteredRMSProp``)::
+    and with ``centered=True`` (TF's ``ApplyCenteredRMSProp``):
 
         mg  <- mg + (g - mg)*(1-decay)
         mom <- momentum*mom + lr*g/sqrt(rms - mg*mg + epsilon)

@@ -1,6 +1,6 @@
 """Row-wise Adagrad (FBGEMM / TorchRec ``EXACT_ROWWISE_ADAGRAD``): one accumulator per row
 of the variable (its first dimension; a scalar is one row) instead of one per element, so
-an embedding table of D columns keeps 1/D of Adagrad's state::
+an embedding table of D columns keeps 1/D of Adagrad's state:
 
     accumulator[r] += mean(g[r]²)
     var[r]         -= lr / (sqrt(accumulator[r]) + epsilon) · g[r]
@@ -16,6 +16,8 @@ import tensorflow as tf
 
 from fusedopt.rules._front import (REQUIRED, Attr, CompatV1, Keras, LearningRate, Legacy,
                                    NewOptimizer)
+
+__all__ = ["MATH", "composed", "KERAS", "LEGACY", "COMPAT_V1"]
 
 MATH = "acc[r] += mean(g[r]²); var[r] -= lr/(sqrt(acc[r])+epsilon)·g[r]  (acc: one per row)"
 
@@ -79,7 +81,7 @@ COMPAT_V1 = CompatV1(
     hyper=dict(lr="learning_rate", epsilon="epsilon"),
     check=_check_accumulator,
     doc="""Row-wise Adagrad (FBGEMM's ``EXACT_ROWWISE_ADAGRAD``) on fusedopt's fused ops, as a
-    ``tf.compat.v1.train.Optimizer``::
+    ``tf.compat.v1.train.Optimizer``:
 
         accumulator[r] <- accumulator[r] + mean(g[r]*g[r])
         var[r]         <- var[r] - lr / (sqrt(accumulator[r]) + epsilon) * g[r]
