@@ -175,3 +175,58 @@ def test_training_savedmodel_needs_the_op_library(saved_models, load_library):
     else:
         assert proc.returncode != 0
         assert "Op type not registered 'FusedOpt>" in proc.stderr, proc.stderr[-3000:]
+
+
+# --- a .keras file opened where fusedopt is not installed --------------------------------
+
+_WITHOUT_FUSEDOPT = r"""
+import sys, importlib.abc
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "fusedopt" or name.startswith("fusedopt."):
+            raise ImportError("fusedopt is not installed here")
+sys.meta_path.insert(0, Block())
+import numpy as np, keras
+path, compile_it = sys.argv[1], sys.argv[2] == "1"
+if compile_it:
+    model = keras.models.load_model(path, custom_objects={
+        "fusedopt>LazyAdam": keras.optimizers.Adam})
+    before = int(model.optimizer.iterations)
+    x = np.arange(48, dtype="int32").reshape(16, 3) % 50
+    model.fit(x, np.ones((16, 1), "float32"), epochs=1, verbose=0)
+    print(type(model.optimizer).__name__, before, int(model.optimizer.iterations))
+else:
+    model = keras.models.load_model(path, compile=False)
+    print("weights", len(model.get_weights()))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(tf.keras.optimizers.Optimizer, "stateless_apply"),
+                    reason="Keras 3's .keras format (the saving guide's recipe)")
+def test_a_colleague_without_fusedopt_opens_the_keras_file(tmp_path):
+    """The saving guide's recipe: custom_objects maps fusedopt's class to Keras's, whose
+    state it carries on; compile=False where the config holds fusedopt's own keywords."""
+    def saved(optimizer, name):
+        inp = tf.keras.Input((3,), dtype="int32")
+        x = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(50, 4)(inp))
+        model = tf.keras.Model(inp, tf.keras.layers.Dense(1)(x))
+        model.compile(optimizer=optimizer, loss="mse")
+        x = np.arange(48, dtype="int32").reshape(16, 3) % 50
+        model.fit(x, np.ones((16, 1), "float32"), epochs=1, verbose=0)
+        path = str(tmp_path / name)
+        model.save(path)
+        return path
+
+    def open_without_fusedopt(path, compile_it):
+        out = subprocess.run([sys.executable, "-c", _WITHOUT_FUSEDOPT, path, compile_it],
+                             capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout.strip().splitlines()[-1]
+
+    assert open_without_fusedopt(saved(fk.LazyAdam(1e-2), "lazy.keras"), "1") == "Adam 1 2"
+    compact = saved(fk.LazyAdam(1e-2, slot_dtype="bfloat16"), "compact.keras")
+    assert open_without_fusedopt(compact, "0").startswith("weights")
+    row_wise = saved(fk.RowWiseAdagrad(0.1), "row_wise.keras")
+    assert open_without_fusedopt(row_wise, "0").startswith("weights")
