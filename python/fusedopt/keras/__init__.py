@@ -17,6 +17,7 @@ Keras 2 ``OptimizerV2`` classes: ``fusedopt.keras.legacy``; DTensor: ``fusedopt.
 
 import functools
 import inspect
+import re
 
 import tensorflow as tf
 
@@ -408,13 +409,27 @@ def _new_optimizer(rule, spec):
         __name__, "Keras optimizer")
 
 
+def _base_args_of(base):
+    """_BASE_ARGS' entries of the arguments `base`'s constructor takes (this Keras's: Keras
+    2.15 has jit_compile, Keras 3 loss_scale_factor, ...), fusedopt's own and **kwargs."""
+    taken = {name for name, _ in _OWN_KEYWORDS} | {"**kwargs", "name"}
+    for cls in inspect.getmro(base):  # Keras's bases take the shared ones through **kwargs
+        if "__init__" in vars(cls):
+            taken |= set(inspect.signature(cls.__init__).parameters)
+    entries = re.split(r"\n(?=      \S)", _BASE_ARGS.strip("\n"))
+    kept = [e for e in entries if e.strip().split(":")[0] in taken]
+    return "\n" + "\n".join(kept) + "\n    "
+
+
 def _make_class(rule, spec):
     if spec.base is None:
-        return _register(_rules.fused_subclass(rule, spec, _FusedUpdate,
-                                               _new_optimizer(rule, spec), __name__, _BASE_ARGS))
+        new_base = _new_optimizer(rule, spec)
+        return _register(_rules.fused_subclass(rule, spec, _FusedUpdate, new_base, __name__,
+                                               _base_args_of(new_base)))
     base = getattr(_optimizers, spec.base)
     return _register(_named_as_base(
-        _rules.fused_subclass(rule, spec, _FusedUpdate, base, __name__, _BASE_ARGS), base))
+        _rules.fused_subclass(rule, spec, _FusedUpdate, base, __name__, _base_args_of(base)),
+        base))
 
 
 __all__ = _rules.define_classes(globals(), "KERAS", _make_class)
