@@ -64,16 +64,29 @@ inline bool StochasticRounding(const py::handle& value) {
   return PyObject_IsTrue(value.ptr()) == 1;
 }
 
-// The keyword rounding_seed: the seed of stochastic rounding (numeric.h's CallSalt), an int
-// (any 64-bit value; the TF ops take an int64), as the TF ops' rounding_seed input.
-inline uint64_t RoundingSeed(const py::handle& value) {
-  if (!py::isinstance<py::int_>(value) || py::isinstance<py::bool_>(value)) {
-    throw py::type_error("rounding_seed must be an int, got " + TypeName(value));
+// The keyword rounding_seed: the seed of stochastic rounding (numeric.h's CallSalt), an
+// integer (any 64-bit value, Python's or NumPy's; the TF ops take an int64), as the TF ops'
+// rounding_seed input. Required with stochastic rounding (the same seed every call would
+// round an element that does not change the same way every step: a bias); None without.
+inline uint64_t RoundingSeed(const py::handle& value, bool stochastic) {
+  if (value.is_none()) {
+    if (stochastic) {
+      throw py::value_error(
+          "stochastic_rounding=True needs rounding_seed: an integer that changes every call, "
+          "such as the step number (without one, an element that does not change would round "
+          "the same way every step, a bias)");
+    }
+    return 0;
   }
-  const long long low = PyLong_AsLongLong(value.ptr());
+  const bool integer = (py::isinstance<py::int_>(value) ||
+                        py::isinstance(value, py::module_::import("numpy").attr("integer"))) &&
+                       !py::isinstance<py::bool_>(value);
+  if (!integer) throw py::type_error("rounding_seed must be an integer, got " + TypeName(value));
+  const py::int_ as_int(py::reinterpret_borrow<py::object>(value));
+  const long long low = PyLong_AsLongLong(as_int.ptr());
   if (low == -1 && PyErr_Occurred()) {
     PyErr_Clear();
-    const unsigned long long high = PyLong_AsUnsignedLongLong(value.ptr());
+    const unsigned long long high = PyLong_AsUnsignedLongLong(as_int.ptr());
     if (high == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
       PyErr_Clear();
       throw py::value_error("rounding_seed must fit in 64 bits");

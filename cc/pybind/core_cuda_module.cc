@@ -131,7 +131,7 @@ void ApplyDensePy(const std::string& rule, const py::handle& var, const py::list
                   const py::object& stochastic_rounding, const py::object& rounding_seed) {
   CheckSlotDtypeArg(slot_dtype);
   const bool stochastic = StochasticRounding(stochastic_rounding);
-  const uint64_t seed = RoundingSeed(rounding_seed);
+  const uint64_t seed = RoundingSeed(rounding_seed, stochastic);
   Dispatch(rule, PeekDtype(var, dtype), [&]<typename Rule, typename T>() {
     const State state = CheckState<Rule>(var, slots, grad, {}, false, dtype, slot_dtype);
     const auto params = ParamsFromDicts<Rule, T>(hyper, options, seed);
@@ -241,7 +241,7 @@ void ApplyDenseGroupPy(const std::string& rule, const py::sequence& vars,
                        const py::object& stochastic_rounding, const py::object& rounding_seed) {
   CheckSlotDtypeArg(slot_dtype);
   const bool stochastic = StochasticRounding(stochastic_rounding);
-  const uint64_t seed = RoundingSeed(rounding_seed);
+  const uint64_t seed = RoundingSeed(rounding_seed, stochastic);
   const int64_t n = static_cast<int64_t>(vars.size());
   Require(static_cast<int64_t>(grads.size()) == n,
           "vars and grads must have one entry per variable, got " + std::to_string(n) + " and " +
@@ -295,7 +295,7 @@ std::unique_ptr<PendingCheck> ApplySparsePy(const std::string& rule, const py::h
                                             const py::object& rounding_seed) {
   CheckSlotDtypeArg(slot_dtype);
   const bool stochastic = StochasticRounding(stochastic_rounding);
-  const uint64_t seed = RoundingSeed(rounding_seed);
+  const uint64_t seed = RoundingSeed(rounding_seed, stochastic);
   const DeviceArray indices = FromInterface(indices_obj, "indices");
   const std::string index_kind = indices.typestr.substr(1);
   Require(index_kind == "i4" || index_kind == "i8",
@@ -389,7 +389,7 @@ PYBIND11_MODULE(_core_cuda, m) {
   m.def("apply_dense", &ApplyDensePy, py::arg("rule"), py::arg("var"), py::arg("slots"),
         py::arg("grad"), py::arg("hyper"), py::arg("options") = py::dict(),
         py::arg("stream") = 0, py::arg("dtype") = "", py::kw_only(), py::arg("slot_dtype") = "",
-        py::arg("stochastic_rounding") = false, py::arg("rounding_seed") = 0,
+        py::arg("stochastic_rounding") = false, py::arg("rounding_seed") = py::none(),
         "Dense update of var and slots in place, enqueued on `stream`. Slots: var's dtype or, "
         "beside a float32 var, all bfloat16 or all float16 (slot_dtype='bfloat16' for "
         "2-byte arrays of bfloat16 bits), rounded to nearest even or, with "
@@ -397,7 +397,7 @@ PYBIND11_MODULE(_core_cuda, m) {
   m.def("apply_dense_group", &ApplyDenseGroupPy, py::arg("rule"), py::arg("vars"),
         py::arg("slots"), py::arg("grads"), py::arg("hyper"), py::arg("options") = py::dict(),
         py::arg("stream") = 0, py::arg("dtype") = "", py::kw_only(), py::arg("slot_dtype") = "",
-        py::arg("stochastic_rounding") = false, py::arg("rounding_seed") = 0,
+        py::arg("stochastic_rounding") = false, py::arg("rounding_seed") = py::none(),
         "Dense updates of many variables in place with the same hyper-parameters, enqueued on "
         "`stream` as multi-tensor launches (the group op's engine). slots: one list per slot, "
         "each with an entry per variable. Each variable's result equals apply_dense's.");
@@ -410,7 +410,7 @@ PYBIND11_MODULE(_core_cuda, m) {
   m.def("apply_sparse", &ApplySparsePy, py::arg("rule"), py::arg("var"), py::arg("slots"),
         py::arg("grad"), py::arg("indices"), py::arg("hyper"), py::arg("options") = py::dict(),
         py::arg("stream") = 0, py::arg("dtype") = "", py::arg("wait") = true, py::kw_only(),
-        py::arg("slot_dtype") = "", py::arg("stochastic_rounding") = false, py::arg("rounding_seed") = 0,
+        py::arg("slot_dtype") = "", py::arg("stochastic_rounding") = false, py::arg("rounding_seed") = py::none(),
         "Sparse update of the rows named by indices (duplicates summed first), in place. "
         "Never synchronises while enqueueing; wait=True (default) then waits and raises "
         "ValueError for an out-of-range index (nothing written); wait=False returns a "

@@ -407,14 +407,14 @@ void DefineCoreModule(py::module_& m) {
         const py::sequence slot_list = SlotList(slots);
         const int threads = ThreadCount(num_threads);
         const bool stochastic = StochasticRounding(stochastic_rounding);
-        const uint64_t seed = RoundingSeed(rounding_seed);
+        const uint64_t seed = RoundingSeed(rounding_seed, stochastic);
         Dispatch(rule, DtypeName(state), [&]<typename Rule, typename T>() {
           Dense<Rule, T>(state, slot_list, grad, hyper, options, threads, stochastic, seed);
         });
       },
       py::arg("rule"), py::arg("var"), py::arg("slots"), py::arg("grad"), py::arg("hyper"),
       py::arg("options") = py::dict(), py::arg("num_threads") = 1, py::kw_only(),
-      py::arg("stochastic_rounding") = false, py::arg("rounding_seed") = 0,
+      py::arg("stochastic_rounding") = false, py::arg("rounding_seed") = py::none(),
       "Dense update of var and slots (numpy.ndarrays) in place, on up to num_threads "
       "threads (at most 256). " SLOTS_DOC);
   m.def(
@@ -427,7 +427,7 @@ void DefineCoreModule(py::module_& m) {
         const py::sequence slot_list = SlotList(slots);
         const int threads = ThreadCount(num_threads);
         const bool stochastic = StochasticRounding(stochastic_rounding);
-        const uint64_t seed = RoundingSeed(rounding_seed);
+        const uint64_t seed = RoundingSeed(rounding_seed, stochastic);
         const std::string index_type = DtypeName(indices);
         Require(index_type == "int32" || index_type == "int64",
                 "indices must be int32 or int64, got " + index_type);
@@ -443,7 +443,7 @@ void DefineCoreModule(py::module_& m) {
       },
       py::arg("rule"), py::arg("var"), py::arg("slots"), py::arg("grad"), py::arg("indices"),
       py::arg("hyper"), py::arg("options") = py::dict(), py::arg("num_threads") = 1,
-      py::kw_only(), py::arg("stochastic_rounding") = false, py::arg("rounding_seed") = 0,
+      py::kw_only(), py::arg("stochastic_rounding") = false, py::arg("rounding_seed") = py::none(),
       "Sparse update of the rows named by indices (duplicates summed first), in place, on "
       "up to num_threads threads (at most 256). " SLOTS_DOC);
 }

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from fusedopt._warnings import IgnoredOptionWarning, warn_once
 
-__all__ = ["COMPACT_DTYPES", "parse_slot_dtype", "slot_dtype_for", "check_strategy",
+__all__ = ["COMPACT_DTYPES", "parse_slot_dtype", "parse_flag", "slot_dtype_for", "check_strategy",
            "check_slots", "set_options", "config", "DOC", "KEYWORDS", "with_keywords",
            "SlotDtypeView"]
 
@@ -35,6 +35,14 @@ def parse_slot_dtype(slot_dtype):
                          "variables) or None/'float32' (slots of the variable's dtype), got "
                          f"{slot_dtype!r}")
     return None if dtype == tf.float32 else dtype
+
+
+def parse_flag(name, value):
+    """A boolean keyword (``stochastic_rounding``, ``lazy_weight_decay``): True or False
+    (or NumPy's), never a truthy stand-in ("False" is true in Python)."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {value!r}")
 
 
 def slot_dtype_for(variable_dtype, slot_dtype):
@@ -78,7 +86,14 @@ def check_slots(optimizer, variable, slots, slot_dtype, stochastic_rounding=Fals
     if slot_dtype is None:
         return
     want = slot_dtype_for(variable.dtype, slot_dtype)
-    if not got or got == [want.name] or want not in COMPACT_DTYPES:
+    if want not in COMPACT_DTYPES:  # compact slots are for float32 variables
+        warn_once(optimizer, "slot_dtype_of_" + want.name, IgnoredOptionWarning,
+                  f"slot_dtype={slot_dtype.name!r} has no effect on "
+                  f"{getattr(variable, 'name', '?')}: compact slots are for float32 "
+                  f"variables, and its are {want.name} (kept). (Said once per optimizer "
+                  "and dtype.)", stacklevel=4)
+        return
+    if not got or got == [want.name]:
         return
     warn_once(optimizer, "slot_dtype", IgnoredOptionWarning,
               f"slot_dtype={slot_dtype.name!r} has no effect on {getattr(variable, 'name', '?')}: "
@@ -93,7 +108,7 @@ def set_options(optimizer, slot_dtype, stochastic_rounding):
     refuses compact slots where the class runs the Keras class's own update (its
     ``_keeps_own_update()``, e.g. amsgrad), which has no use for them."""
     optimizer.slot_dtype = parse_slot_dtype(slot_dtype)
-    optimizer.stochastic_rounding = bool(stochastic_rounding)
+    optimizer.stochastic_rounding = parse_flag("stochastic_rounding", stochastic_rounding)
     if optimizer.slot_dtype is not None and optimizer._keeps_own_update():
         raise ValueError(
             f"slot_dtype={optimizer.slot_dtype.name!r}: compact slots are for fusedopt's fused "

@@ -15,7 +15,7 @@ from fusedopt import ops  # loads the op library now: before the step's XLA comp
 from fusedopt import _packs, reference
 
 __all__ = ["unwrap", "apply", "apply_group", "covers", "covers_gradient", "overridden",
-           "groupable", "FUSED_DTYPES", "FUSED_INDEX_DTYPES"]
+           "groupable", "repeated_variables", "identity", "FUSED_DTYPES", "FUSED_INDEX_DTYPES"]
 
 
 def _op(rule, sparse):
@@ -140,6 +140,23 @@ def overridden(obj, name, owner):
     into one op only where their own methods would do them: a replacement must still be
     called for every variable."""
     return name in vars(obj) or getattr(type(obj), name, None) is not getattr(owner, name)
+
+
+def repeated_variables(grads_and_vars):
+    """The identities (``identity``) of the variables listed more than once: such a
+    variable is updated once per listing (as TF's and Keras's optimizers do it), so none of
+    its updates may join a group op, which takes each variable once."""
+    seen, repeated = set(), set()
+    for _, variable in grads_and_vars:
+        key = identity(variable)
+        (repeated if key in seen else seen).add(key)
+    return repeated
+
+
+def identity(variable):
+    """A hashable identity of a variable (Keras 3 variables: their tf.Variable's)."""
+    inner = unwrap(variable)
+    return inner.ref() if hasattr(inner, "ref") else id(inner)
 
 
 def groupable(variable, grad):

@@ -86,12 +86,19 @@ def explain(optimizer, variables: Optional[Sequence] = None) -> Explanation:
     from fusedopt import _compact, _dispatch
     from fusedopt.compat import v1 as compat_v1
 
-    kind = type(optimizer).__name__
-    variables = list(variables) if variables is not None else _known_variables(optimizer)
+    if isinstance(optimizer, type) or optimizer is None or isinstance(optimizer, (str, bytes)):
+        raise TypeError(f"explain() takes an optimizer (an instance), got {optimizer!r}")
+    wrappers = []
+    while hasattr(optimizer, "inner_optimizer"):  # Keras's LossScaleOptimizer (mixed precision)
+        wrappers.append(type(optimizer).__name__)
+        optimizer = optimizer.inner_optimizer
+    kind = " inside ".join([type(optimizer).__name__] + wrappers[::-1])
+    variables = _variable_list(optimizer, variables)
+    constrained_alone = False
     if isinstance(optimizer, compat_v1._FusedOptimizer):
         rule, slot_dtype = optimizer._RULE, optimizer._slot_dtype
-        grouped = optimizer._groups_dense_updates()
-        own = None
+        stochastic = optimizer._stochastic_rounding
+        grouped, own, constrained_alone = optimizer._groups_dense_updates(), None, True
     else:
         spec = getattr(optimizer, "_fused_spec", None)
         if spec is None or not hasattr(optimizer, "_fused_rule"):
@@ -99,8 +106,10 @@ def explain(optimizer, variables: Optional[Sequence] = None) -> Explanation:
                                [_route(v, "its own update", "its own update", None)
                                 for v in variables])
         rule, slot_dtype = optimizer._fused_rule, getattr(optimizer, "slot_dtype", None)
+        stochastic = getattr(optimizer, "stochastic_rounding", False)
         legacy = hasattr(optimizer, "_distributed_apply") and not hasattr(optimizer,
                                                                           "update_step")
+        constrained_alone = legacy
         method = "_resource_apply_dense" if legacy else "update_step"
         owner = next(c for c in type(optimizer).__mro__ if method in vars(c)
                      and c.__module__.startswith("fusedopt."))
@@ -111,11 +120,14 @@ def explain(optimizer, variables: Optional[Sequence] = None) -> Explanation:
             own = "composed TF ops (fusedopt.reference: DTensor's sharded layouts)"
     note = own or (f"rule {rule}" + ("" if grouped else
                                      "; per variable (its update method is overridden)"))
+    slot_dtypes = {_compact.slot_dtype_for(v_dtype, slot_dtype)
+                   for v_dtype in (_variable_facts(v)[3] for v in variables) if v_dtype}
     if slot_dtype is not None:
-        note += f"; compact slots: {slot_dtype.name}"
-    if getattr(optimizer, "stochastic_rounding", getattr(optimizer, "_stochastic_rounding",
-                                                         False)):
-        note += ", stochastic rounding seeded by the step"
+        note += f"; compact slots: {slot_dtype.name} (of float32 variables)"
+    if stochastic:
+        note += (", stochastic rounding of 16-bit slots seeded by the step"
+                 if slot_dtypes & set(_compact.COMPACT_DTYPES) else
+                 "; stochastic_rounding has no 16-bit slot to round here")
     routes = []
     for variable in variables:
         inner, name, shape, dtype = _variable_facts(variable)
@@ -129,12 +141,39 @@ def explain(optimizer, variables: Optional[Sequence] = None) -> Explanation:
             dense = _op(rule, "apply") + " (ref variable)"
             sparse = _op(rule, "sparse_apply")
         else:
-            dense = (_op(rule, "resource_group_apply") + " (a step's dense updates in one "
-                     "op)") if grouped else _op(rule, "resource_apply")
+            alone = (not grouped or (constrained_alone
+                                     and getattr(inner, "constraint", None) is not None))
+            dense = (_op(rule, "resource_apply") + (" (alone: a constraint follows it)"
+                                                    if grouped else "") if alone else
+                     _op(rule, "resource_group_apply") + " (a step's dense updates in one op)")
             sparse = _op(rule, "resource_sparse_apply") + " (the touched rows only)"
         routes.append(VariableRoute(name, shape, getattr(dtype, "name", str(dtype)), slots,
                                     dense, sparse))
     return Explanation(kind, rule, note, routes)
+
+
+def _variable_list(optimizer, variables):
+    """`variables` as a list of variables (one variable alone is one), refusing what no
+    optimizer updates (tensors, strings, None)."""
+    import tensorflow as tf
+
+    if variables is None:
+        return _known_variables(optimizer)
+    if hasattr(variables, "dtype") and hasattr(variables, "shape"):
+        variables = [variables]  # one variable (or a tensor: refused below)
+    elif isinstance(variables, dict):
+        variables = list(variables.values())
+    elif isinstance(variables, (str, bytes)) or not hasattr(variables, "__iter__"):
+        raise TypeError(f"explain() takes a list of variables, got {variables!r}")
+    variables = list(variables)
+    for v in variables:
+        from fusedopt import _dispatch
+
+        inner = _dispatch.unwrap(v)
+        if not isinstance(inner, tf.Variable):
+            raise TypeError(f"explain() takes variables (what an optimizer updates), got "
+                            f"{type(v).__name__}: {v!r:.80}")
+    return variables
 
 
 def _route(variable, dense, sparse, slot_dtype):

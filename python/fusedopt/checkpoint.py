@@ -76,6 +76,9 @@ def cast_slots(source: str, target: str, dtype: Union[str, tf.DType],
       ValueError: no optimizer slots are found in `source` (a name-based checkpoint needs
         `keys`), or a key is not in it.
     """
+    if isinstance(keys, (str, bytes)):
+        raise TypeError(f"keys must be a list of checkpoint keys, got the string {keys!r} "
+                        "(one key: keys=[key])")
     dtype = _compact.parse_slot_dtype(dtype) or tf.float32
     reader = tf.train.load_checkpoint(source)
     dtypes = reader.get_variable_to_dtype_map()

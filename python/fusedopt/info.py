@@ -118,17 +118,19 @@ def _extension_status(name, errors):
 
 
 def _registered_ops(errors):
-    """{op name: [devices]} for the loaded library, or None (the error appended)."""
+    """{op name: [devices]} for the loaded library (every rule's ops, its group ops, and
+    the member pack op), or None (the error appended)."""
     try:
         from tensorflow.python.framework import kernels
 
-        from fusedopt.ops import RULES, VARIANTS, load_library, op_name
+        from fusedopt.ops import ALL_VARIANTS, RULES, load_library, op_name
 
         load_library()
-        return {op_name(rule, variant):
-                sorted({k.device_type
-                        for k in kernels.get_registered_kernels_for_op(op_name(rule, variant)).kernel})
-                for rule in RULES for variant in VARIANTS}
+        names = [op_name(rule, variant) for rule in RULES for variant in ALL_VARIANTS]
+        names.append("FusedOpt>VariablePack")
+        return {name: sorted({k.device_type
+                              for k in kernels.get_registered_kernels_for_op(name).kernel})
+                for name in names}
     except Exception as e:  # noqa: BLE001 - ImportError from the loader, or TF's own errors
         errors.append(("fusedopt's op library", e))
         return None

@@ -176,7 +176,8 @@ adam = {"lr": 0.1, "beta1": 0.9, "beta2": 0.99, "epsilon": 0.1, "beta1_power": 0
 calls = [
     lambda: _core_cuda.apply_dense("adagrad", arr(4096), [arr(8192, "<u2")], arr(12288), ada),
     lambda: _core_cuda.apply_dense("adagrad", arr(4096), [arr(8192, "<u2")], arr(12288), ada,
-                                   slot_dtype="bfloat16", stochastic_rounding=True),
+                                   slot_dtype="bfloat16", stochastic_rounding=True,
+                                   rounding_seed=1),
     lambda: _core_cuda.apply_dense("adagrad", arr(4096), [arr(8192, "<f2")], arr(12288), ada),
     lambda: _core_cuda.apply_sparse("adagrad", arr(4096, "<f8"), [arr(8192, "<f2")],
                                     arr(12288, "<f8"), arr(16384, "<i8"), ada),

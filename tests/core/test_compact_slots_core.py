@@ -127,7 +127,8 @@ def test_every_option_set(rule, options, slot_dtype):
     hyper = harness.hyper_for(rule, "float", 2)
     grad = harness.make_grad((6, 33), "float", rng)
     for stochastic in (False, True):
-        got = _run(rule, var, slots, grad, hyper, options, stochastic_rounding=stochastic)
+        got = _run(rule, var, slots, grad, hyper, options, stochastic_rounding=stochastic,
+                   rounding_seed=0 if stochastic else None)
         out32 = _run(rule, var, [s.astype(np.float32) for s in slots], grad, hyper, options)
         _check(rule, got, expected(rule, var, out32, dt, stochastic))
 
@@ -141,7 +142,7 @@ def test_shapes_and_per_row_salts(rule, shape):
     rng, var, slots = _state(rule, dt, 3, shape=shape)
     hyper = harness.hyper_for(rule, "float", 1)
     grad = harness.make_grad(shape, "float", rng)
-    got = _run(rule, var, slots, grad, hyper, {}, stochastic_rounding=True)
+    got = _run(rule, var, slots, grad, hyper, {}, stochastic_rounding=True, rounding_seed=0)
     out32 = _run(rule, var, [s.astype(np.float32) for s in slots], grad, hyper, {})
     _check(rule, got, expected(rule, var, out32, dt, True))
 
@@ -158,7 +159,7 @@ def test_thread_count_changes_no_bit(slot_dtype, sparse):
     indices = harness.make_indices(6000, shape[0], np.int32, rng) if sparse else None
     grad = harness.make_grad((6000, 24) if sparse else shape, "float", rng)
     runs = [_run(rule, var, slots, grad, hyper, {}, indices, num_threads=t,
-                 stochastic_rounding=True) for t in (1, 4)]
+                 stochastic_rounding=True, rounding_seed=SEED) for t in (1, 4)]
     _check(rule, runs[1], runs[0])
 
 
@@ -171,7 +172,7 @@ def test_16bit_variables_round_their_slots_stochastically_too(rule, var_dtype):
     rng, var, slots = _state(rule, dt, 5, var_dtype=var_dtype)
     hyper = harness.hyper_for(rule, var_dtype, 3)  # exact in float32: the same params
     grad = harness.make_grad(SHAPE, var_dtype, rng)
-    got = _run(rule, var, slots, grad, hyper, {}, stochastic_rounding=True)
+    got = _run(rule, var, slots, grad, hyper, {}, stochastic_rounding=True, rounding_seed=0)
     wide = [x.astype(np.float32) for x in (var, grad)]
     out32 = _run(rule, wide[0], [s.astype(np.float32) for s in slots], wide[1], hyper, {})
     want_var, want_slots = expected(rule, wide[0], out32, dt, True)
@@ -198,7 +199,7 @@ def test_stochastic_rounding_is_unbiased(slot_dtype, spacing, g):
     p = (x - low) / spacing
     assert 0.05 < p < 0.95, p
     stored = _run("adagrad", var, [np.ones(n, dt)], grad, hyper, {},
-                  stochastic_rounding=True)[1][0].astype(np.float64)
+                  stochastic_rounding=True, rounding_seed=0)[1][0].astype(np.float64)
     assert set(np.unique(stored)) == {low, low + spacing}
     standard_error = spacing * np.sqrt(p * (1 - p) / n)
     assert abs(stored.mean() - x) < 4 * standard_error, (stored.mean(), x, standard_error)
@@ -355,7 +356,22 @@ def test_stochastic_rounding_is_keyword_only():
     with pytest.raises(TypeError):
         _core.apply_dense("adagrad", var, [acc], grad, {"lr": 0.1, "epsilon": 0.1}, {}, 1, True)
     _core.apply_dense("adagrad", var, [acc], grad, {"lr": 0.1, "epsilon": 0.1}, {}, 1,
-                      stochastic_rounding=np.bool_(True))
+                      stochastic_rounding=np.bool_(True), rounding_seed=np.int64(3))
+
+
+def test_stochastic_rounding_needs_a_seed():
+    """The same seed every call would be biased where nothing moves: none is refused, as
+    the ops refuse it, with nothing written; a NumPy integer is a seed like Python's."""
+    var, acc, grad = np.ones(4, np.float32), np.ones(4, ml_dtypes.bfloat16), np.ones(4, np.float32)
+    _refused("adagrad", var, [acc], r"^stochastic_rounding=True needs rounding_seed: an "
+             r"integer that changes every call", stochastic_rounding=True)
+    for bad in (1.5, "3", True, np.float32(2)):
+        _refused("adagrad", var, [acc], r"^rounding_seed must be an integer", error=TypeError,
+                 stochastic_rounding=True, rounding_seed=bad)
+    _refused("adagrad", var, [acc], r"^rounding_seed must fit in 64 bits",
+             stochastic_rounding=True, rounding_seed=2 ** 64)
+    _core.apply_dense("adagrad", var, [acc], grad, {"lr": 0.1, "epsilon": 0.1},
+                      stochastic_rounding=True, rounding_seed=np.uint64(2 ** 64 - 1))
 
 
 def test_a_compact_slot_is_measured_by_its_own_bytes():

@@ -44,7 +44,7 @@ def _colocated_with(variable):
     return tf.compat.v1.get_default_graph().colocate_with(variable)
 
 
-# Per thread: {id(optimizer): [the _DenseBatch of each apply_gradients call running]}.
+# Per thread: {id(optimizer): [the _Call of each apply_gradients call running]}.
 _calls = threading.local()
 
 # The non-slot step counter that seeds stochastic rounding (made only with it).
@@ -65,10 +65,15 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
         arguments = dict(arguments.arguments)
         # fusedopt's own keywords: compact slots (fusedopt._compact).
         self._slot_dtype = _compact.parse_slot_dtype(arguments.pop("slot_dtype"))
-        self._stochastic_rounding = bool(arguments.pop("stochastic_rounding"))
+        self._stochastic_rounding = _compact.parse_flag(
+            "stochastic_rounding", arguments.pop("stochastic_rounding"))
         rule, spec = _rules.select_variant(self._SPEC, "COMPAT_V1", arguments)
         if rule is not None:  # per instance: the rule of these settings
             self._RULE, self._SPEC = rule, spec
+        for source in self._SPEC.hyper.values():  # TF's classes fail on None when applying
+            if isinstance(source, str) and arguments.get(source) is None:
+                raise ValueError(f"{source} must be a number, a tensor or a callable "
+                                 "returning one, got None")
         if self._SPEC.check is not None:
             self._SPEC.check(arguments)
         super().__init__(arguments.pop("use_locking"), arguments.pop("name"))
@@ -90,33 +95,64 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
         for power_name, argument in self._SPEC.powers:
             self._create_non_slot_variable(initial_value=self._arguments[argument],
                                            name=power_name, colocate_with=first_var)
-        if self._stochastic_rounding:
+        # A step counter of our own seeds stochastic rounding only where it rounds a slot
+        # and apply_gradients is given no global_step (which then seeds it): checkpoints
+        # of TF's optimizers, and runs that count their steps, keep their variables.
+        if (self._stochastic_rounding and self._call_global_step() is None
+                and any(self._rounds_stochastically(var) for var in var_list)):
             self._create_non_slot_variable(initial_value=tf.constant(0, tf.int64),
                                            name=_ROUNDING_STEP, colocate_with=first_var)
-        rule = _fused_ops.RULES[self._RULE]
-        per_row = [rule["slot_layouts"][name] == "per_row" for name in rule["slots"]]
         for var in var_list:
             compact = _compact.slot_dtype_for(var.dtype, self._slot_dtype) != var.dtype.base_dtype
-            for (slot_name, initial), row_wise in zip(self._SPEC.slots, per_row):
-                if initial is None and not row_wise and not compact:
+            for slot_name, initial in self._SPEC.slots:
+                if initial is None and not self._per_row(slot_name) and not compact:
                     self._zeros_slot(var, slot_name, self._name)
                 else:
                     value = self._arguments[initial] if isinstance(initial, str) else initial
-                    self._filled_slot(var, slot_name, value or 0.0, row_wise)
+                    self._filled_slot(var, slot_name, value or 0.0)
 
-    def _filled_slot(self, var, slot_name, value, row_wise=False):
-        """A slot filled with `value`: var's shape, or (row_wise) one value per row of var,
-        shape var.shape[:1]; of the slot dtype (compact slots: fusedopt._compact)."""
-        dtype = _compact.slot_dtype_for(var.dtype, self._slot_dtype)
+    def _per_row(self, slot_name):
+        """Whether the rule keeps slot `slot_name` (TF's name) per row of var."""
+        rule = _fused_ops.RULES[self._RULE]
+        for (name, _), rule_slot in zip(self._SPEC.slots, rule["slots"]):
+            if name == slot_name:
+                return rule["slot_layouts"][rule_slot] == "per_row"
+        return None  # not one of the rule's slots
+
+    def _slot_shape_and_dtype(self, var, slot_name):
+        """A slot's shape (var's, or per row var.shape[:1]) and dtype (compact slots:
+        fusedopt._compact)."""
+        shape = var.get_shape()[:1] if self._per_row(slot_name) else var.get_shape()
+        return shape, _compact.slot_dtype_for(var.dtype, self._slot_dtype)
+
+    def _rounds_stochastically(self, var):
+        """Whether stochastic rounding has a 16-bit slot of `var` to round."""
+        return (self._stochastic_rounding and _compact.slot_dtype_for(
+            var.dtype, self._slot_dtype) in _compact.COMPACT_DTYPES)
+
+    def _filled_slot(self, var, slot_name, value):
+        """A slot filled with `value`, in the rule's layout and the slot dtype."""
+        shape, dtype = self._slot_shape_and_dtype(var, slot_name)
         _compact.check_strategy(dtype)
-        shape = var.get_shape()[:1] if row_wise else var.get_shape()
         if shape.is_fully_defined():
-            init = tf.compat.v1.constant_initializer(value, dtype=dtype)
+            init = tf.compat.v1.constant_initializer(value)
         else:
+            per_row = self._per_row(slot_name)
+
             def init():  # shape known only at run time, as in TF's AdagradOptimizer
-                dims = tf.shape(var)[:1] if row_wise else tf.shape(var)
+                dims = tf.shape(var)[:1] if per_row else tf.shape(var)
                 return tf.cast(tf.fill(dims, value), dtype)
         self._get_or_make_slot_with_initializer(var, init, shape, dtype, slot_name, self._name)
+
+    def _get_or_make_slot_with_initializer(self, var, initializer, shape, dtype, slot_name,
+                                           op_name):
+        # TF's deferred restoration (tf.train.Checkpoint.restore before the first step)
+        # makes a restored slot in var's shape and dtype: the rule's may be per row, or
+        # 16-bit (compact slots).
+        if self._per_row(slot_name) is not None:
+            shape, dtype = self._slot_shape_and_dtype(var, slot_name)
+        return super()._get_or_make_slot_with_initializer(var, initializer, shape, dtype,
+                                                          slot_name, op_name)
 
     def _non_slot(self, name):
         """The non-slot variable `name` of the current graph (eager: the only one)."""
@@ -128,12 +164,16 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
         """The non-slot power variables of the current graph (eager: the only ones)."""
         return tuple(self._non_slot(power_name) for power_name, _ in self._SPEC.powers)
 
-    def _rounding(self):
-        """The ops' stochastic_rounding and rounding_seed: the step counter (a non-slot
-        variable moved on by each apply_gradients), which makes every step's rounding
-        fresh."""
-        if not self._stochastic_rounding:
-            return {"stochastic_rounding": False}
+    def _rounding(self, variables):
+        """The ops' stochastic_rounding and rounding_seed for an update of `variables`: the
+        global_step given to apply_gradients, else the optimizer's own step counter (a
+        non-slot variable each apply_gradients moves on): every step's rounding fresh."""
+        if not any(self._rounds_stochastically(var) for var in variables):
+            return {"stochastic_rounding": False}  # no 16-bit slot: nothing to round
+        global_step = self._call_global_step()
+        if global_step is not None:
+            return {"stochastic_rounding": True,
+                    "rounding_seed": tf.cast(global_step, tf.int64)}
         step = self._non_slot(_ROUNDING_STEP)
         if step is None:  # a per-variable method called before any apply_gradients made it
             raise ValueError(
@@ -169,18 +209,29 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
         an instance's replacement), so that grouping them changes nothing a caller sees."""
         return not _dispatch.overridden(self, "_resource_apply_dense", _FusedOptimizer)
 
-    def _dense_batch(self):
-        """The _DenseBatch of this thread's innermost apply_gradients call, or None."""
-        stack = getattr(_calls, "batches", {}).get(id(self))
+    def _call(self):
+        """This thread's innermost apply_gradients call on this optimizer, or None."""
+        stack = getattr(_calls, "stacks", {}).get(id(self))
         return stack[-1] if stack else None
 
+    def _dense_batch(self):
+        """The _DenseBatch of this thread's innermost apply_gradients call, or None."""
+        call = self._call()
+        return call.batch if call is not None else None
+
+    def _call_global_step(self):
+        """The global_step given to this thread's innermost apply_gradients, or None."""
+        call = self._call()
+        return call.global_step if call is not None else None
+
     def apply_gradients(self, grads_and_vars, global_step=None, name=None):
-        if tf.distribute.has_strategy() or not self._groups_dense_updates():
-            return super().apply_gradients(grads_and_vars, global_step, name)
         grads_and_vars = tuple(grads_and_vars)
-        stacks = _calls.__dict__.setdefault("batches", {})
+        batch = None
+        if not tf.distribute.has_strategy() and self._groups_dense_updates():
+            batch = _DenseBatch(self, grads_and_vars)
+        stacks = _calls.__dict__.setdefault("stacks", {})
         stack = stacks.setdefault(id(self), [])
-        stack.append(_DenseBatch(self, grads_and_vars))
+        stack.append(_Call(batch, global_step))
         try:
             return super().apply_gradients(grads_and_vars, global_step, name)
         finally:
@@ -201,15 +252,15 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
             self._RULE, updates,
             lambda var: dict(zip(rule_hyper, (tf.cast(h, var.dtype.base_dtype)
                                               for h in self._op_hyper()))),
-            self._SPEC.options, use_locking=self._use_locking, **self._rounding())
+            self._SPEC.options, use_locking=self._use_locking,
+            **self._rounding([var for var, _ in members]))
 
     def _finish(self, update_ops, name_scope):
         update_ops = list({id(op): op for op in update_ops if op is not None}.values())
-        if self._stochastic_rounding:
-            with tf.control_dependencies(update_ops):
-                step = self._non_slot(_ROUNDING_STEP)
-                with _colocated_with(step):
-                    update_ops.append(step.assign_add(1, use_locking=self._use_locking))
+        step = self._non_slot(_ROUNDING_STEP) if self._stochastic_rounding else None
+        if step is not None and self._call_global_step() is None:
+            with tf.control_dependencies(update_ops), _colocated_with(step):
+                update_ops.append(step.assign_add(1, use_locking=self._use_locking))
         if not self._SPEC.powers:
             return super()._finish(update_ops, name_scope)
         with tf.control_dependencies(update_ops):
@@ -249,7 +300,7 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
             args.append(indices)
         fn = getattr(_fused_ops, "%s_%s" % (variant, self._RULE))
         return fn(*args, use_locking=self._use_locking, **self._SPEC.options,
-                  **self._rounding())
+                  **self._rounding([var]))
 
     def _composed_update(self, var, grad, indices):
         """Dtypes the ops do not take (complex, ...): the rule in composed TF ops, the
@@ -289,6 +340,14 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
         return self._resource_apply_sparse_duplicate_indices(grad, var, indices)
 
 
+class _Call:
+    """One apply_gradients call: its dense batch (None where its updates are not grouped)
+    and the global_step it was given (which then seeds stochastic rounding)."""
+
+    def __init__(self, batch, global_step):
+        self.batch, self.global_step = batch, global_step
+
+
 class _DenseBatch:
     """The dense updates one apply_gradients call makes as group ops: those of resource
     variables TF's own processor updates (``_DenseResourceVariableProcessor``: nothing
@@ -298,8 +357,9 @@ class _DenseBatch:
     def __init__(self, optimizer, grads_and_vars):
         self._optimizer = optimizer
         self._members = {}  # var ref -> (var, grad)
+        repeated = _dispatch.repeated_variables(grads_and_vars)
         for grad, var in grads_and_vars:
-            if (isinstance(grad, tf.Tensor) and getattr(var, "constraint", None) is None
+            if (isinstance(grad, tf.Tensor) and _dispatch.identity(var) not in repeated and getattr(var, "constraint", None) is None
                     and _dispatch.groupable(var, grad)
                     and type(_tf_optimizer._get_processor(var))  # as TF's loop will ask
                     is _tf_optimizer._DenseResourceVariableProcessor):

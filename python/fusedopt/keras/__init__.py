@@ -89,7 +89,7 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
         rule, spec = _rules.select_variant(self._fused_spec, "KERAS", self)
         if rule is not None:
             self._fused_rule, self._fused_spec = rule, spec
-        self.lazy_weight_decay = bool(lazy_weight_decay)
+        self.lazy_weight_decay = _compact.parse_flag("lazy_weight_decay", lazy_weight_decay)
         _compact.set_options(self, slot_dtype, stochastic_rounding)
         if self._fused_spec is not None:
             self._fused_spec.warn_if_own_update(self)
@@ -252,9 +252,12 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
                 or _dispatch.overridden(self, "update_step", _FusedUpdate)):
             return super()._distributed_tf_update_step(distribution, grads_and_vars,
                                                        learning_rate)
+        grads_and_vars = list(grads_and_vars)
+        repeated = _dispatch.repeated_variables(grads_and_vars)
         grouped, rest = [], []
         for grad, var in grads_and_vars:
-            (grouped if _dispatch.groupable(var, grad) else rest).append((grad, var))
+            ok = _dispatch.identity(var) not in repeated and _dispatch.groupable(var, grad)
+            (grouped if ok else rest).append((grad, var))
         if grouped:
             for grad, var in grouped:
                 self._lazy_decay(grad, var, learning_rate)

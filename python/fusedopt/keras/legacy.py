@@ -109,9 +109,12 @@ class _FusedApply(_packs.PacksOfOptimizer):
                 or distribution is not tf.distribute.get_strategy()
                 or _dispatch.overridden(self, "_resource_apply_dense", _FusedApply)):
             return super()._distributed_apply(distribution, grads_and_vars, apply_state, name)
+        grads_and_vars = list(grads_and_vars)
+        repeated = _dispatch.repeated_variables(grads_and_vars)
         grouped, rest = [], []
         for grad, var in grads_and_vars:
-            ok = _dispatch.groupable(var, grad) and getattr(var, "constraint", None) is None
+            ok = (_dispatch.identity(var) not in repeated and _dispatch.groupable(var, grad)
+                  and getattr(var, "constraint", None) is None)
             (grouped if ok else rest).append((grad, var))
         spec = self._fused_spec
         group_ops = _dispatch.apply_group(

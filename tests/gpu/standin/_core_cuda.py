@@ -169,10 +169,17 @@ def _slot_dtype(var_dtype, names, dtypes):
     return dtypes[0] if dtypes else var_dtype
 
 
-def _check_seed(rounding_seed):
-    if not isinstance(rounding_seed, int) or isinstance(rounding_seed, bool):
-        raise TypeError("rounding_seed must be an int, got " + type(rounding_seed).__name__)
-    if not -(2 ** 63) <= rounding_seed < 2 ** 64:
+def _check_seed(rounding_seed, stochastic):
+    if rounding_seed is None:
+        if stochastic:
+            raise ValueError("stochastic_rounding=True needs rounding_seed: an integer that "
+                             "changes every call, such as the step number (without one, an "
+                             "element that does not change would round the same way every "
+                             "step, a bias)")
+        return
+    if not isinstance(rounding_seed, (int, np.integer)) or isinstance(rounding_seed, bool):
+        raise TypeError("rounding_seed must be an integer, got " + type(rounding_seed).__name__)
+    if not -(2 ** 63) <= int(rounding_seed) < 2 ** 64:
         raise ValueError("rounding_seed must fit in 64 bits")
 
 
@@ -235,14 +242,14 @@ def _is_index_error(e):
 
 
 def apply_dense(rule, var, slots, grad, hyper, options={}, stream=0, dtype="", *,  # noqa: B006
-                slot_dtype="", stochastic_rounding=False, rounding_seed=0):
+                slot_dtype="", stochastic_rounding=False, rounding_seed=None):
     """Dense update of var and slots in place, enqueued on `stream`. Slots: var's dtype or,
     beside a float32 var, all bfloat16 or all float16 (slot_dtype='bfloat16' for 2-byte
     arrays of bfloat16 bits), rounded to nearest even or, with stochastic_rounding=True,
     stochastically."""
     _check_types(rule, slots, hyper, options, stream, dtype)
     stochastic = _check_keywords(slot_dtype, stochastic_rounding)
-    _check_seed(rounding_seed)
+    _check_seed(rounding_seed, stochastic)
     v, s, g, dtype_name, slot_name = _check_state(rule, var, slots, grad, dtype, slot_dtype)
     # Shapes and hyper-parameters: the engine's own checks, on zeros of the same shapes.
     _core.apply_dense(rule, v.blank(dtype_name), [x.blank(slot_name) for x in s],
@@ -258,13 +265,13 @@ def apply_dense(rule, var, slots, grad, hyper, options={}, stream=0, dtype="", *
 
 def apply_sparse(rule, var, slots, grad, indices, hyper, options={}, stream=0,  # noqa: B006
                  dtype="", wait=True, *, slot_dtype="", stochastic_rounding=False,
-                 rounding_seed=0):
+                 rounding_seed=None):
     """Sparse update of the rows named by indices (duplicates summed first), in place;
     out-of-range indices raise ValueError with nothing written (wait=False: from the returned
     PendingCheck's result()). Slots as apply_dense takes them."""
     _check_types(rule, slots, hyper, options, stream, dtype, wait)
     stochastic = _check_keywords(slot_dtype, stochastic_rounding)
-    _check_seed(rounding_seed)
+    _check_seed(rounding_seed, stochastic)
     i = _Interface(indices, "indices")
     _require(i.typestr[1:] in ("i4", "i8"), "indices must be int32 or int64, got typestr "
              + i.typestr)
@@ -300,7 +307,7 @@ def apply_sparse(rule, var, slots, grad, indices, hyper, options={}, stream=0,  
 
 def apply_dense_group(rule, vars, slots, grads, hyper, options={}, stream=0,  # noqa: B006
                       dtype="", *, slot_dtype="", stochastic_rounding=False,
-                      rounding_seed=0):
+                      rounding_seed=None):
     """Dense updates of many variables in place (the group op's engine), enqueued on
     `stream`; slots: one list per slot, each with an entry per variable, all of one dtype
     (as apply_dense takes them)."""
@@ -308,7 +315,7 @@ def apply_dense_group(rule, vars, slots, grads, hyper, options={}, stream=0,  # 
         raise TypeError("incompatible function arguments (stand-in _core_cuda)")
     _check_types(rule, list(slots), hyper, options, stream, dtype)
     stochastic = _check_keywords(slot_dtype, stochastic_rounding)
-    _check_seed(rounding_seed)
+    _check_seed(rounding_seed, stochastic)
     n = len(vars)
     _require(len(grads) == n, f"vars and grads must have one entry per variable, got {n} and "
              f"{len(grads)}")
