@@ -14,8 +14,9 @@ def import_tensorflow():
     """TensorFlow, imported quietly: its C++ log at errors only (TF_CPP_MIN_LOG_LEVEL=2, set
     before the import) and its Python and absl loggers at errors, unless the user set
     TF_CPP_MIN_LOG_LEVEL (then TensorFlow logs as the user asked)."""
-    user_set = TF_LOG_SETTING in os.environ
-    os.environ.setdefault(TF_LOG_SETTING, "2")
+    user_set = bool(os.environ.get(TF_LOG_SETTING))  # set to a value (empty: not set)
+    if not user_set:
+        os.environ[TF_LOG_SETTING] = "2"
     import tensorflow as tf
 
     if not user_set:
@@ -26,6 +27,25 @@ def import_tensorflow():
         except ImportError:  # absl comes with TensorFlow; nothing to quiet without it
             pass
     return tf
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, with its errors on one line (exit status 2):
+    "PROG: error: MESSAGE (PROG --help lists the options)"."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the options)\n")
+
+
+def whole_number(text, minimum=1):
+    """argparse type: an integer of at least `minimum` (1,000,000 and 1_000_000 read too)."""
+    try:
+        value = int(text.replace(",", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be at least {minimum:,}, not {value:,}")
+    return value
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

@@ -14,7 +14,8 @@ import time
 
 import numpy as np
 
-from fusedopt._console import HelpFormatter, Progress, Stages, duration, import_tensorflow
+from fusedopt._console import (ArgumentParser, HelpFormatter, Progress, Stages, import_tensorflow,
+                               whole_number)
 
 PROG = "python -m fusedopt.demo"
 
@@ -44,17 +45,6 @@ def _size_help(text, name):
     return f"{text} (default: {full:,}; with --quick: {quick:,})"
 
 
-def _positive(text):
-    """argparse type: an integer of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
 def _positive_float(text):
     """argparse type: a number above 0."""
     try:
@@ -67,15 +57,15 @@ def _positive_float(text):
 
 
 def parser():
-    p = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION, formatter_class=HelpFormatter)
+    p = ArgumentParser(prog=PROG, description=DESCRIPTION, formatter_class=HelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="smaller sizes that still show the difference (under a minute in all "
                         "on 2 cores); sizes you give yourself are kept")
-    p.add_argument("--rows", type=_positive, help=_size_help("rows of the embedding table", "rows"))
-    p.add_argument("--dim", type=_positive, default=32, help="width of each embedding row")
-    p.add_argument("--batch", type=_positive, help=_size_help("examples per training step", "batch"))
-    p.add_argument("--bag", type=_positive, default=8, help="ids per example")
-    p.add_argument("--steps", type=_positive,
+    p.add_argument("--rows", type=whole_number, help=_size_help("rows of the embedding table", "rows"))
+    p.add_argument("--dim", type=whole_number, default=32, help="width of each embedding row")
+    p.add_argument("--batch", type=whole_number, help=_size_help("examples per training step", "batch"))
+    p.add_argument("--bag", type=whole_number, default=8, help="ids per example")
+    p.add_argument("--steps", type=whole_number,
                    help=_size_help("training steps per optimizer", "steps"))
     p.add_argument("--lr", type=_positive_float, default=0.01, help="learning rate")
     p.add_argument("--zipf", type=float, default=1.15,
@@ -97,7 +87,7 @@ def parser():
                    help="TensorFlow 1-style graph mode (tf.compat.v1 Session) with resource or "
                         "ref variables: fusedopt.compat.v1.LazyAdamOptimizer against "
                         "tf.compat.v1.train.AdamOptimizer")
-    p.add_argument("--estimator", type=_positive, metavar="DEVICES",
+    p.add_argument("--estimator", type=whole_number, metavar="DEVICES",
                    help="Estimator variant (TensorFlow 2.15 only): the model replicated over "
                         "DEVICES CPU devices with fusedopt.estimator.replicate_model_fn")
     return p

@@ -63,7 +63,9 @@ def test_bad_arguments_are_refused_in_one_line(capsys, argv, message):
         demo.parse_args(argv)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert err.splitlines()[-1].startswith("python -m fusedopt.demo: error: " + message), err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("python -m fusedopt.demo: error: " + message), err
+    assert err.rstrip().endswith("(python -m fusedopt.demo --help lists the options)"), err
 
 
 def test_report_explains_the_speed_up_and_the_losses(capsys):
