@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from command_line import refused_in_one_line
 from fusedopt import _console, demo
 
 # What a user should never see in --help: reStructuredText and Sphinx markup.
@@ -59,11 +60,7 @@ def test_quick_changes_only_the_sizes_not_given(argv, expected):
     (["--api", "ops", "--keras-embedding"], "--keras-embedding goes with the Keras variant"),
 ])
 def test_bad_arguments_are_refused_in_one_line(capsys, argv, message):
-    with pytest.raises(SystemExit) as exit_info:
-        demo.parse_args(argv)
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1, err
+    err = refused_in_one_line(capsys, demo.parse_args, argv)
     assert err.startswith("python -m fusedopt.demo: error: " + message), err
     assert err.rstrip().endswith("(python -m fusedopt.demo --help lists the options)"), err
 
