@@ -51,6 +51,14 @@ def test_quick_changes_only_the_sizes_not_given(argv, expected):
     assert args.quick == ("--quick" in argv)
 
 
+def test_the_first_lines_say_the_sizes_and_the_expected_time_of_a_preset():
+    quick = demo.describe(demo.parse_args(["--quick"]))
+    assert "300,000 x 32 (38 MB)" in quick and "expected time: under a minute" in quick
+    assert "expected time: about 3 minutes" in demo.describe(demo.parse_args([]))
+    mine = demo.describe(demo.parse_args(["--quick", "--rows", "5000"]))
+    assert "5,000 x 32 (0.64 MB)" in mine and "expected time" not in mine  # unknown there
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--rows", "0"], "argument --rows: must be at least 1, not 0"),
     (["--steps", "ten"], "argument --steps: 'ten' is not a whole number"),
