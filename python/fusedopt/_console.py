@@ -7,6 +7,9 @@ import shutil
 import sys
 import time
 
+__all__ = ["ArgumentParser", "HelpFormatter", "Progress", "Stages", "TF_LOG_SETTING",
+           "duration", "import_tensorflow", "whole_number"]
+
 TF_LOG_SETTING = "TF_CPP_MIN_LOG_LEVEL"
 
 
