@@ -29,6 +29,9 @@ from fusedopt.bench.contenders import RULES
 from fusedopt.bench.report import megabytes
 from fusedopt.bench.state import STATE_CONTENDERS, make_table, state_of
 
+__all__ = ["QUICK_SIZES", "SIZES", "USER_SIZES", "memory_needed", "mismatches", "output_paths",
+           "plot", "run", "sizes", "stages", "summary"]
+
 SIZES = dict(rows=1_000_000, dim=64, batch=16_384, optimizer="lazy_adam",
              dense_params=1 << 22, check_steps=2, steps=5, repeats=3)
 QUICK_SIZES = dict(SIZES, rows=2_000, dim=8, batch=300, dense_params=4096, check_steps=1,
