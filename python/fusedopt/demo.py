@@ -74,7 +74,7 @@ def parser():
                    help=_size_help("training steps per optimizer", "steps"))
     p.add_argument("--lr", type=_positive_float, default=0.01, help="learning rate")
     p.add_argument("--zipf", type=float, default=1.15,
-                   help="Zipf exponent of the ids (above 1; larger: fewer distinct ids)")
+                   help="Zipf exponent of the ids, above 1: the larger, the fewer distinct ids")
     p.add_argument("--seed", type=int, default=0, help="seed of the data and initial values")
     p.add_argument("--no-baseline", action="store_true",
                    help="train with fusedopt's LazyAdam only (skip Keras's Adam)")
