@@ -132,8 +132,8 @@ def run(tf, cfg, stages):
 
     contenders, oracles = sparse_contenders(tf, problem, rule)
     stages.begin(f"Sparse embedding step ({rule}): {len(contenders)} implementations, each "
-                 f"first checked to give fusedopt's numbers, then timed ({cfg['repeats']} rounds "
-                 f"of {cfg['steps']} steps each){expected('sparse')}")
+                 f"first checked to give fusedopt's numbers, then timed, {cfg['repeats']} rounds "
+                 f"of {cfg['steps']} steps each{expected('sparse')}")
     progress = CheckedTiming(len(contenders), cfg["repeats"])
     sparse_rows = sparse.measure(cfg, progress, problem, contenders, oracles)
     del problem, contenders, oracles
