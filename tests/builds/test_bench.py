@@ -1,25 +1,53 @@
 """The benchmark suite's smoke run: every scenario runs on tiny sizes and every contender
-produces fusedopt's numbers (no timing assertions: speed is measured, not tested)."""
+produces fusedopt's numbers (no timing assertions: speed is measured, not tested); what
+its users read (the default run, --headline, --help, the errors) holds no internal words."""
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
+from command_line import refused_in_one_line
+
 # Independent of TensorFlow's version (the benchmark harness): one TF stage of CI runs it.
 pytestmark = pytest.mark.once
+
+# Words of the project's own bookkeeping that a user of the default run, --headline,
+# --help or an error must never read (--aims, the developers' run, has them).
+INTERNAL = [r"\bissues?\b", r"\bmoonshot\b", r"\baims?\b", r"\bNone\b", r"FUSEDOPT_",
+            r"Traceback", r"I0000", r"W0000", r"cpu_feature_guard", r"UserWarning"]
+
+
+def internal_words(text):
+    return [m.group(0) for pattern in INTERNAL for m in re.finditer(pattern, text)]
+
+
+def without_tf_log_setting():
+    """This environment less TF_CPP_MIN_LOG_LEVEL: the bench quiets TensorFlow itself."""
+    return {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
 
 
 @pytest.mark.slow
 def test_quick_benchmark_runs_every_scenario_and_contenders_agree(tmp_path):
+    # The default (user) run: no aims, nothing internal in what it prints.
     result = subprocess.run(
         [sys.executable, "-m", "fusedopt.bench", "--quick", "--out", str(tmp_path),
          "--markdown", str(tmp_path / "report.md")],
-        capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        capture_output=True, text=True, env=without_tf_log_setting())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert internal_words(result.stdout + result.stderr) == [], (
+        internal_words(result.stdout + result.stderr), result.stdout[-3000:],
+        result.stderr[-3000:])
+    stages = re.findall(r"^\[(\d+)/(\d+)\] ", result.stdout, re.M)
+    assert [int(n) for n, _ in stages] == list(range(1, 12)), result.stdout[:3000]
+    assert result.stdout.rstrip().splitlines()[-1].startswith("Plot: ")
     results = json.loads((tmp_path / "results.json").read_text())
+    assert "aims" not in results
+    from fusedopt.bench.aims import aims
+    results["aims"] = aims(results)  # what --aims would add, from the same numbers
     for scenario in ("sparse", "sparse_xla", "dense", "dense_sizes", "scaling", "bandwidth",
                      "many_small", "aims"):
         assert scenario in results
@@ -88,7 +116,7 @@ def test_quick_benchmark_runs_every_scenario_and_contenders_agree(tmp_path):
     from fusedopt import rules
     assert set(results["dense"]) == set(results["sparse"]) == set(rules.names())
     assert "TF fused kernel" in results["dense"]["adagrad"]
-    assert (tmp_path / "report.md").read_text().count("| aim |") == 1
+    assert (tmp_path / "report.md").read_text().count("| aim |") == 0
     probes = results["bandwidth"]["measured_GB_per_s"]
     assert {k.split()[0] for k in probes} == {"copy", "triad", "update", "update3"}
     assert all(v > 0 for v in probes.values())
@@ -171,7 +199,7 @@ def test_a_damaged_results_file_is_one_line_before_anything_runs(tmp_path, monke
     assert cli.main(["--scenarios", "dense", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1, err
-    assert err.startswith("fusedopt.bench: %s: %s" % (path, problem)), err
+    assert err.startswith("python -m fusedopt.bench: %s: %s" % (path, problem)), err
     assert "move it away or choose another --out" in err
 
 
@@ -198,3 +226,134 @@ def test_a_damaged_results_file_exits_2_from_the_command_line(tmp_path):
     assert proc.stdout == "" and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and "results.json: not valid JSON" in lines[0], proc.stderr
+
+
+# --- what a user of the command line reads -------------------------------------------------
+
+DOCS_BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "bench")
+
+
+@pytest.mark.parametrize("recorded", ["results.json", os.path.join("tf215", "results.json")])
+def test_the_user_report_of_every_recorded_section_has_no_internal_words(recorded):
+    from fusedopt.bench import report
+
+    with open(os.path.join(DOCS_BENCH, recorded)) as f:
+        results = json.load(f)
+    text = report.markdown(results, "python -m fusedopt.bench", developer=False)
+    assert internal_words(text) == [], internal_words(text)
+    assert "| aim |" not in text and "checked against" in text
+    assert "distinct ids per step" in text  # the sparse tables' notes in words, not JSON
+    developer = report.markdown(results, "python -m fusedopt.bench --aims", developer=True)
+    assert developer.count("| aim |") == 1  # --aims: the project's targets, as before
+    skipped = dict(results, sparse_fbgemm={"_skipped": "FUSEDOPT_FBGEMM_PYTHON is not set"})
+    assert "FBGEMM" not in report.markdown(skipped, "x", developer=False)  # named once, earlier
+
+
+def test_help_shows_the_modes_every_default_and_no_internal_words():
+    from fusedopt.bench import cli
+
+    text = cli.parser().format_help()
+    assert text.startswith("usage: python -m fusedopt.bench "), text
+    for expected in ("--headline", "--aims", "(default: 1,000,000)", "(default: 64)",
+                     "(default: 16,384)", "(default: lazy_adam)", "(default: bench_results)",
+                     "pip install matplotlib, or fusedopt's [plot] extra", "row_wise_adagrad"):
+        assert expected in text, expected
+    # --aims itself is named (for developers); nothing else internal.
+    assert internal_words(text.replace("--aims", "")) == [], internal_words(text)
+    assert "``" not in text
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--rows", "0"], "argument --rows: must be at least 1, not 0"),
+    (["--dim", "wide"], "argument --dim: 'wide' is not a whole number"),
+    (["--batch", "-5"], "argument --batch: must be at least 1, not -5"),
+    (["--optimizer", "sgd"], "argument --optimizer: 'sgd' is not one of fusedopt's optimizers: "
+                             "lazy_adam, "),
+    (["--rows", "100000000000"], "a 100,000,000,000 x 64 table needs about "),
+    (["--rows", "1000", "--scenarios", "dense"], "--rows size the headline run (--headline)"),
+    (["--headline", "--scenarios", "dense"], "--scenarios picks parts of the full run"),
+    (["--headline", "--aims"], "--aims goes with the full run, not --headline"),
+    (["--scenarios", "dense,speed"], "unknown scenarios speed; choose from sparse, "),
+])
+def test_bad_flags_are_one_line_and_exit_2_before_tensorflow(monkeypatch, capsys, argv, message):
+    from fusedopt.bench import cli
+
+    def never(*args, **kwargs):
+        raise AssertionError("went past a bad flag")
+
+    monkeypatch.setattr(cli, "import_tensorflow", never)
+    err = refused_in_one_line(capsys, cli.main, argv)
+    assert err.startswith("python -m fusedopt.bench: error: " + message), err
+    assert internal_words(err.replace("--aims", "")) == [], err  # the flag the user typed
+
+
+def test_user_sizes_imply_the_headline_and_override_only_what_is_given():
+    from fusedopt.bench import cli, headline
+
+    args = cli.parse_args(["--rows", "5,000", "--optimizer", "adagrad"])
+    assert args.headline
+    cfg = headline.sizes(args)
+    assert (cfg["rows"], cfg["optimizer"]) == (5000, "adagrad")
+    assert (cfg["dim"], cfg["batch"]) == (headline.SIZES["dim"], headline.SIZES["batch"])
+    quick = headline.sizes(cli.parse_args(["--headline", "--quick", "--dim", "4"]))
+    assert quick == dict(headline.QUICK_SIZES, dim=4)
+    assert not cli.parse_args([]).headline
+
+
+def test_missing_peers_are_named_once_with_how_to_install_them(monkeypatch):
+    from fusedopt.bench import libraries
+
+    monkeypatch.setattr(libraries, "torch", lambda: None)
+    monkeypatch.setattr(libraries, "tf_keras", lambda: None)
+    monkeypatch.setattr(libraries, "tensorflow_addons", lambda: None)
+    assert libraries.missing_peers("2.21.0") == [
+        "PyTorch (pip install torch)",
+        "Keras 2's optimizers (pip install --no-deps tf-keras==2.21.*)"]
+    assert libraries.missing_peers("2.15.1")[-1] == \
+        "tensorflow-addons' LazyAdam (pip install tensorflow-addons)"
+
+
+def test_without_matplotlib_the_plot_is_one_line_saying_how_to_get_it(monkeypatch, tmp_path):
+    from fusedopt.bench import cli, headline, report
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ImportError
+    assert report.plot({}, str(tmp_path / "b.png")) is False
+    assert headline.plot({}, str(tmp_path / "h.png")) is False
+    monkeypatch.setattr(cli, "installed_as", lambda: "fusedopt-tf2.21-cpu")
+    line = cli.plot_line(False, str(tmp_path / "h.png"))
+    assert line == ("Plot: not drawn (matplotlib is not installed): pip install matplotlib "
+                    "(or pip install 'fusedopt-tf2.21-cpu[plot]') for the plot")
+    assert cli.plot_line(True, "out/h.png") == "Plot: out/h.png"
+
+
+@pytest.mark.slow
+def test_headline_at_tiny_sizes_prints_stages_and_a_summary(tmp_path):
+    # --quick: the tests' tiny sizes. Without matplotlib and PyTorch (hidden), as on a
+    # machine that has neither: each is named once, with how to get it.
+    code = ("import sys\nsys.modules['matplotlib'] = sys.modules['torch'] = None\n"
+            "from fusedopt.bench.cli import main\n"
+            "sys.exit(main(['--headline', '--quick', '--rows', '3000', '--out', %r]))\n"
+            % str(tmp_path))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=without_tf_log_setting(), timeout=300)
+    out, err = result.stdout, result.stderr
+    assert result.returncode == 0, out[-3000:] + err[-3000:]
+    assert internal_words(out + err) == [], (internal_words(out + err), out, err)
+    assert [int(n) for n in re.findall(r"^\[(\d)/5\] ", out, re.M)] == [1, 2, 3, 4, 5], out
+    assert out.count("Not compared (not installed here): PyTorch (pip install torch)") == 1
+    summary = out[out.index("\nSummary\n"):]
+    assert "a 3,000 x 8 table" in summary  # the size given; the others --quick's
+    for row in ("fusedopt.keras.LazyAdam", "tf.keras Adam", "tf.compat.v1 AdamOptimizer",
+                "the same lazy update in plain TF ops", "keras.optimizers.Adam",
+                "fusedopt.keras.RowWiseAdagrad"):
+        assert re.search(r"^  %s  " % re.escape(row), summary, re.M), (row, summary)
+    assert "torch" not in summary
+    assert re.fullmatch(r"Plot: not drawn \(matplotlib is not installed\): pip install "
+                        r"matplotlib \(or pip install '\S*fusedopt\S*\[plot\]'\) for the plot",
+                        out.rstrip().splitlines()[-1]), out
+    saved = json.loads((tmp_path / "headline.json").read_text())["headline"]
+    assert saved["_meta"]["rows"] == 3000 and saved["_meta"]["optimizer"] == "lazy_adam"
+    assert all(r["match"] for block in ("sparse", "dense")
+               for name, r in saved[block].items() if not name.startswith("_"))
+    assert saved["state"]["fusedopt.keras.RowWiseAdagrad"]["state_bytes_per_param"] == 4 / 8
+    assert not (tmp_path / "headline.png").exists()

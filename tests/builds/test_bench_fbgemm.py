@@ -25,8 +25,8 @@ pytestmark = pytest.mark.once
 def test_quick_fbgemm_scenario_has_every_row_and_fbgemm_agrees(tmp_path):
     python = fbgemm_peer.python_or_fail()
     result = subprocess.run(
-        [sys.executable, "-m", "fusedopt.bench", "--quick", "--scenarios", "sparse_fbgemm",
-         "--out", str(tmp_path), "--markdown", str(tmp_path / "report.md")],
+        [sys.executable, "-m", "fusedopt.bench", "--quick", "--aims", "--scenarios",
+         "sparse_fbgemm", "--out", str(tmp_path), "--markdown", str(tmp_path / "report.md")],
         capture_output=True, text=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **{fbgemm.PYTHON_SETTING: python}))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

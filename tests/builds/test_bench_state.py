@@ -20,7 +20,7 @@ FULL_STATE = {"keras.optimizers.Adam": 8.0, "keras.optimizers.Adagrad": 4.0,
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_state")
     run = subprocess.run(
-        [sys.executable, "-m", "fusedopt.bench", "--quick", "--scenarios",
+        [sys.executable, "-m", "fusedopt.bench", "--quick", "--aims", "--scenarios",
          "state_memory,convergence", "--out", str(out), "--markdown", str(out / "report.md")],
         capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -191,13 +191,17 @@ def test_missing_library_raises_import_error_with_build_command(tmp_path):
     assert _loader.REBUILD_COMMAND in result.stderr
 
 
+# Small sizes (seconds): --quick is sized to show the speed-up, which these tests do not time.
+DEMO_SIZES = ["--rows", "10000", "--batch", "256", "--steps", "30"]
+
+
 @pytest.mark.parametrize("api,names", [
     ("keras", ("fusedopt.keras LazyAdam", "keras Adam")),
     ("ops", ("fusedopt LazyAdam", "tf.keras Adam")),
 ])
 @pytest.mark.slow
 def test_demo_trains_and_reports_both_optimizers(api, names):
-    result = subprocess.run([sys.executable, "-m", "fusedopt.demo", "--quick", "--api", api],
+    result = subprocess.run([sys.executable, "-m", "fusedopt.demo", "--api", api] + DEMO_SIZES,
                             capture_output=True, text=True, check=True,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     pattern = r"^(%s)\s+([\d.]+\s+[\d.]+\s+[\d.]+)$" % "|".join(map(re.escape, names))
@@ -216,7 +220,8 @@ def test_demo_estimator_variant_trains_on_two_towers():
     if not hasattr(tf.compat.v1, "estimator") or not hasattr(tf.compat.v1.estimator, "Estimator"):
         pytest.skip(f"tf.compat.v1.estimator is absent in TensorFlow {tf.__version__} "
                     "(removed in 2.16); CI runs this in the TF 2.15 environment")
-    result = subprocess.run([sys.executable, "-m", "fusedopt.demo", "--quick", "--estimator", "2"],
+    result = subprocess.run([sys.executable, "-m", "fusedopt.demo", "--estimator", "2"]
+                            + DEMO_SIZES,
                             capture_output=True, text=True, check=True,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     rows = dict(re.findall(r"^(fusedopt v1 LazyAdam|tf.compat.v1 Adam)\s+([\d.]+\s+[\d.]+\s+[\d.]+)$",

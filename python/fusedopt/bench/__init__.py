@@ -8,6 +8,12 @@ result is compared with fusedopt's op of the same semantics (lazy contenders wit
 sparse op, dense-update contenders with the dense op on the densified gradient), so
 the benchmark compares like with like. ``--quick`` shrinks every size (CI smoke run).
 
+Runs (``cli``): the full run below, reported for users (no aims, peers that are not
+installed named once); ``--aims`` adds the project's own targets (``aims``) to
+results.json and the report, for its developers and CI; ``--headline`` (``headline``):
+the sparse step, a dense step and each optimizer's state on one problem, at the user's
+``--rows --dim --batch --optimizer``, in 2-3 minutes (``<out>/headline.json``).
+
 Scenarios: sparse embedding step (every rule), the sparse step under XLA (jit_compile)
 at two table sizes, dense step, scaling with touched rows and with table rows, achieved
 memory bandwidth, many small variables. Three run apart, each contender in its own
@@ -19,7 +25,8 @@ peak, one child per optimizer: ~14 GB of memory for Keras's Adam) and ``converge
 
 Modules: ``contenders`` (who runs, per rule: the one table to extend), ``sparse``,
 ``dense``, ``memory``, ``fbgemm_scenario``, ``state``, ``convergence`` (the scenarios), ``timing`` (checks and interleaved timing),
-``aims``, ``report`` (markdown, plot), ``cli`` (flags, results.json), ``config``.
+``aims``, ``report`` (markdown, plot), ``headline``, ``cli`` (flags, results.json),
+``config``.
 """
 from fusedopt.bench.cli import SCENARIOS, main
 from fusedopt.bench.memory import huge_pages_available

@@ -1,4 +1,11 @@
-"""``python -m fusedopt.bench [flags]``: runs the selected scenarios, saves and reports."""
+"""``python -m fusedopt.bench [flags]``: runs the selected scenarios, saves and reports.
+
+Runs: the full run (every scenario, or those ``--scenarios`` names), reported for users;
+``--aims`` adds the project's own performance targets (``aims.py``) to results.json and the
+report (for fusedopt's developers and CI); ``--headline`` (``headline.py``): the few
+numbers a user asks first, at the user's sizes (``--rows --dim --batch --optimizer``).
+``--quick``: tiny sizes, every run (the tests' and CI's smoke runs).
+"""
 import argparse
 import gc
 import json
@@ -6,23 +13,65 @@ import os
 import platform
 import sys
 import time
+import warnings
 
-from fusedopt.bench import dense, fbgemm_scenario, libraries, memory, sparse
+from fusedopt import _console
+from fusedopt.bench import dense, fbgemm, fbgemm_scenario, headline, libraries, memory, sparse
 from fusedopt.bench import convergence, state
 from fusedopt.bench.aims import aims
 from fusedopt.bench.config import THREADS, sizes
+from fusedopt.bench.contenders import RULES
 from fusedopt.bench.report import CONTENDER_TABLES, markdown, plot
+
+PROG = "python -m fusedopt.bench"
 
 SCENARIOS = ("sparse", "sparse_xla", "dense", "dense_sizes", "scaling", "bandwidth",
              "many_small", "sparse_fbgemm")
 
-# Embedding-scale state (issue 32): sizes of their own (config.embedding_sizes).
+# Embedding-scale state: sizes of their own (config.embedding_sizes).
 EMBEDDING_SCALE = {"state_memory": state.scenario_state_memory,
                    "convergence": convergence.scenario_convergence}
 SCENARIOS += tuple(EMBEDDING_SCALE)
 
+# What each scenario measures, as its stage line says it.
+TITLES = {"sparse": "the sparse embedding step, every optimizer",
+          "sparse_xla": "the sparse step compiled by XLA (jit_compile), at two table sizes",
+          "dense": "the dense step, every optimizer",
+          "dense_sizes": "dense Adam at two sizes, against TensorFlow's kernel and PyTorch",
+          "scaling": "step time as the touched rows and the table grow",
+          "bandwidth": "this machine's memory bandwidth and fusedopt's share of it",
+          "many_small": "one step over many small variables",
+          "sparse_fbgemm": "beside FBGEMM's CPU embedding update",
+          "state_memory": "optimizer state and peak memory on a large table, one process "
+                          "per optimizer",
+          "convergence": "held-out loss of the compact-state optimizers"}
 
-def run_scenario(name, tf, cfg, progress, quick):
+FULL_RUN_COST = "about 35 minutes on a 2-core machine and up to 15 GB of memory"
+FBGEMM_PEER = "FBGEMM (it runs in an environment of its own: BENCHMARKS.md says how)"
+
+DESCRIPTION = f"""\
+Measures fusedopt's optimizer updates against what you would use otherwise (Keras,
+TensorFlow's own optimizers and kernels, PyTorch where it is installed), on this machine.
+Every other implementation is first checked to give fusedopt's numbers, then all are
+timed in turn, in one process, several rounds each.
+
+  {PROG} --headline
+      the main numbers in 2-3 minutes: the sparse embedding step, a dense step and the
+      memory each optimizer keeps (1,000,000 x 64 table, 16,384 ids per step)
+  {PROG} --headline --rows 5000000 --dim 32 --batch 4096 --optimizer adagrad
+      the same at your sizes (--rows, --dim, --batch or --optimizer alone imply --headline)
+  {PROG}
+      every scenario at full size: {FULL_RUN_COST}
+
+Results go to --out (results.json, or headline.json with --headline) with a plot where
+matplotlib is installed (pip install matplotlib, or fusedopt's [plot] extra).
+"""
+
+
+def run_scenario(name, tf, cfg, progress, args):
+    quick = args.quick
+    if name == "sparse_fbgemm" and not args.aims and fbgemm.find_python()[0] is None:
+        return {"_skipped": fbgemm.find_python()[1]}  # named in the "not compared" line
     if name in EMBEDDING_SCALE:
         return EMBEDDING_SCALE[name](tf, progress, quick)
     if name == "scaling":  # its child process must use the same sizes
@@ -36,44 +85,114 @@ def run_scenario(name, tf, cfg, progress, quick):
     return scenario(tf, cfg, progress)
 
 
-def parse_args(argv):
-    p = argparse.ArgumentParser(
-        prog="python -m fusedopt.bench",
-        description="fusedopt against what users would otherwise pick (package docstring "
-                    "of fusedopt.bench: how it measures).")
-    p.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run for CI")
-    p.add_argument("--out", default="bench_results", help="directory for results.json and the plot")
-    p.add_argument("--markdown", help="also write the markdown report to this file")
+def _optimizer(text):
+    """argparse type: one of fusedopt's rules."""
+    if text not in RULES:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of fusedopt's optimizers: "
+                                         f"{', '.join(RULES)}")
+    return text
+
+
+def parser():
+    p = _console.ArgumentParser(prog=PROG, description=DESCRIPTION,
+                                formatter_class=_console.HelpFormatter)
+    p.add_argument("--headline", action="store_true",
+                   help="the main numbers only, in 2-3 minutes, with a summary table")
+    sizes_group = p.add_argument_group(
+        "your own sizes (for --headline; any of them alone implies --headline)")
+    defaults = headline.SIZES
+    sizes_group.add_argument("--rows", type=_console.whole_number,
+                             help=f"rows of the embedding table (default: {defaults['rows']:,})")
+    sizes_group.add_argument("--dim", type=_console.whole_number,
+                             help=f"width of each row (default: {defaults['dim']})")
+    sizes_group.add_argument("--batch", type=_console.whole_number,
+                             help="ids looked up per step, repeats included (default: "
+                                  f"{defaults['batch']:,})")
+    sizes_group.add_argument("--optimizer", type=_optimizer, metavar="NAME",
+                             help=f"{' | '.join(RULES)} (default: {defaults['optimizer']})")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny sizes, to check that everything runs (what the tests use): "
+                        "seconds with --headline, a few minutes without; the numbers mean "
+                        "nothing")
+    p.add_argument("--out", default="bench_results",
+                   help="folder for results.json (headline.json) and the plot")
+    p.add_argument("--markdown", metavar="FILE", help="also write the report to FILE")
+    p.add_argument("--scenarios", metavar="LIST",
+                   help="comma-separated part of the full run, from: " + ", ".join(SCENARIOS)
+                        + " (default: all); the other scenarios' results are kept from "
+                        "<out>/results.json when it exists")
+    p.add_argument("--aims", action="store_true",
+                   help="for fusedopt's developers and CI: also check the project's own "
+                        "performance targets, in results.json and the report")
     p.add_argument("--table-scaling-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument(state.CHILD_FLAG, type=int, metavar="INDEX", help=argparse.SUPPRESS)
     p.add_argument("--fbgemm-child", type=int, metavar="THREADS", help=argparse.SUPPRESS)
-    p.add_argument("--scenarios", default=",".join(SCENARIOS),
-                   help="comma-separated subset to (re)run; the others are kept from "
-                        "<out>/results.json when it exists")
+    return p
+
+
+def check_memory(p, cfg):
+    """Refuses (one line) sizes whose headline run would not fit in this machine's
+    available memory."""
+    need = headline.memory_needed(cfg)
+    available = available_memory()
+    if available is not None and need > available:
+        p.error(f"a {cfg['rows']:,} x {cfg['dim']} table needs about {need / 1e9:,.1f} GB "
+                f"here (each optimizer keeps its own copy and state while all are timed); "
+                f"{available / 1e9:,.1f} GB is available: try fewer --rows or a smaller --dim")
+
+
+def available_memory():
+    """MemAvailable in bytes (Linux), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def parse_args(argv):
+    p = parser()
     args = p.parse_args(argv)
-    args.scenarios = set(args.scenarios.split(","))
+    sized = [f"--{name}" for name in headline.USER_SIZES if getattr(args, name) is not None]
+    if sized and not args.headline:
+        if args.scenarios or args.aims:
+            p.error(f"{', '.join(sized)} size the headline run (--headline); the full run "
+                    "(--scenarios, --aims) has sizes of its own")
+        args.headline = True
+    if args.headline and args.scenarios:
+        p.error("--scenarios picks parts of the full run; --headline is a run of its own")
+    if args.headline and args.aims:
+        p.error("--aims goes with the full run, not --headline")
+    args.scenarios = set(args.scenarios.split(",")) if args.scenarios else set(SCENARIOS)
     unknown = args.scenarios - set(SCENARIOS)
     if unknown:
-        p.error(f"unknown scenarios {sorted(unknown)}; choose from {', '.join(SCENARIOS)}")
+        p.error(f"unknown scenarios {', '.join(sorted(unknown))}; choose from "
+                f"{', '.join(SCENARIOS)}")
+    if args.headline:
+        check_memory(p, headline.sizes(args))
     return args
 
 
 def import_tensorflow(threads=THREADS):
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
-
+    tf = _console.import_tensorflow()
     tf.get_logger().setLevel("ERROR")  # each contender has its own tf.function: no retrace noise
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     return tf
 
 
+def keras_version(tf):
+    return getattr(tf.keras, "__version__", None) or __import__("keras").__version__
+
+
 def environment(tf, args, cfg):
     torch = libraries.torch()
-    keras_version = getattr(tf.keras, "__version__", None) or __import__("keras").__version__
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-            "tensorflow": tf.__version__, "keras": keras_version,
+            "tensorflow": tf.__version__, "keras": keras_version(tf),
             "torch": torch.__version__ if torch else None,
             "python": sys.version.split()[0], "quick": args.quick, "config": cfg,
             "load_average_at_start": os.getloadavg()}
@@ -138,8 +257,8 @@ def start_results(tf, args, cfg, previous):
     return results
 
 
-def save(results, out):
-    with open(os.path.join(out, "results.json"), "w") as f:
+def save(results, out, path=None):
+    with open(path or os.path.join(out, "results.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)
 
 
@@ -154,50 +273,138 @@ def mismatches(results):
                     if not name.startswith("_") and not r["match"]]
 
 
+def command_line(argv):
+    return (PROG + " " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+
+
 def write_report(results, args, argv):
-    command = "python -m fusedopt.bench " + " ".join(argv if argv is not None else sys.argv[1:])
-    report = markdown(results, command.strip())
+    report = markdown(results, command_line(argv), developer=args.aims)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(report)
     print(report)
 
 
+def installed_as():
+    """The name fusedopt is installed under (a wheel's is e.g. fusedopt-tf2.21-cpu), or
+    "fusedopt" (a source tree, Python 3.9)."""
+    try:
+        from importlib.metadata import packages_distributions
+        return (packages_distributions().get("fusedopt") or ["fusedopt"])[0]
+    except ImportError:
+        return "fusedopt"
+
+
+def plot_line(drawn, path):
+    """The last line about the plot: where it is, or how to get one."""
+    if drawn:
+        return f"Plot: {path}"
+    return (f"Plot: not drawn (matplotlib is not installed): pip install matplotlib (or "
+            f"pip install '{installed_as()}[plot]') for the plot")
+
+
+def not_compared_line(tf, full_run):
+    """One line naming the peers this run leaves out and how to get them, or None."""
+    missing = libraries.missing_peers(tf.__version__)
+    if full_run and fbgemm.find_python()[0] is None:
+        missing.append(FBGEMM_PEER)
+    return ("Not compared (not installed here): " + "; ".join(missing) + "."
+            if missing else None)
+
+
+def quiet_peers():
+    """Silences warnings the peers print on every run that say nothing about the results."""
+    warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+
+
+def start(args, stages, what):
+    """The run's first lines: what it does, TensorFlow started, the peers left out."""
+    print(f"fusedopt benchmark: {what}", flush=True)
+    stages.begin("Starting TensorFlow")
+    tf = import_tensorflow()
+    stages.end(f"TensorFlow {tf.__version__}, Keras {keras_version(tf)}, {THREADS} threads")
+    quiet_peers()
+    line = not_compared_line(tf, full_run=not args.headline)
+    if line:
+        print(line, flush=True)
+    return tf
+
+
+def run_headline(args, argv):
+    cfg = headline.sizes(args)
+    stages = headline.stages()
+    tf = start(args, stages, f"the headline numbers ({cfg['optimizer']}; about 2-3 minutes at "
+                             "the default sizes)")
+    os.makedirs(args.out, exist_ok=True)
+    results = {"environment": environment(tf, args, cfg), "headline": headline.run(tf, cfg, stages)}
+    json_path, plot_path = headline.output_paths(args.out)
+    save(results, args.out, json_path)
+    lines = headline.summary(results["headline"])
+    print("\nSummary\n" + "\n".join(lines))
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(f"Command: `{command_line(argv)}`\n\n```\n" + "\n".join(lines) + "\n```\n")
+    print(f"\nResults: {json_path}")
+    print(plot_line(headline.plot(results["headline"], plot_path), plot_path))
+    wrong = headline.mismatches(results["headline"])
+    if wrong:
+        print("implementations whose numbers differ from fusedopt's:", wrong, file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv=None):
     args = parse_args(argv)
     child = args.table_scaling_child or args.state_memory_child is not None or args.fbgemm_child
+    if child:
+        tf = import_tensorflow(args.fbgemm_child or THREADS)
+        cfg = sizes(args.quick)
+        if args.table_scaling_child:  # run by scenario_scaling with huge pages off
+            return memory.table_scaling_child(tf, cfg)
+        if args.state_memory_child is not None:  # run by scenario_state_memory, one contender
+            return state.child(tf, args.state_memory_child, args.quick)
+        return fbgemm_scenario.child(tf, cfg)  # run by scenario_sparse_fbgemm, other threads
+    if args.headline:
+        return run_headline(args, argv)
     try:  # before TensorFlow is imported: a damaged file costs no benchmark
-        previous = {} if child else previous_results(args)
+        previous = previous_results(args)
     except ValueError as e:
-        print("fusedopt.bench: %s" % e, file=sys.stderr)
+        print("%s: %s" % (PROG, e), file=sys.stderr)
         return 2
-    tf = import_tensorflow(args.fbgemm_child or THREADS)
+    selected = [name for name in SCENARIOS if name in args.scenarios]
+    stages = _console.Stages(1 + len(selected))
+    what = ("every scenario" + (" at tiny sizes (--quick: a check that all runs, the numbers "
+                                "mean nothing)" if args.quick else f": {FULL_RUN_COST}")
+            if len(selected) == len(SCENARIOS) else ", ".join(selected))
+    tf = start(args, stages, what)
     cfg = sizes(args.quick)
-    if args.table_scaling_child:  # run by scenario_scaling with huge pages off
-        return memory.table_scaling_child(tf, cfg)
-    if args.state_memory_child is not None:  # run by scenario_state_memory, one contender
-        return state.child(tf, args.state_memory_child, args.quick)
-    if args.fbgemm_child:  # run by scenario_sparse_fbgemm, at another thread count
-        return fbgemm_scenario.child(tf, cfg)
     os.makedirs(args.out, exist_ok=True)
     started = time.time()
 
     def progress(msg):
-        print(f"[{time.time() - started:6.1f}s] {msg}", flush=True)
+        print(f"      [{time.time() - started:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
     results = start_results(tf, args, cfg, previous)
-    for name in SCENARIOS:
-        if name in args.scenarios:
-            results[name] = run_scenario(name, tf, cfg, progress, args.quick)
-            gc.collect()  # the previous scenario's variables (GBs at full size)
-            save(results, args.out)  # after every scenario: a late failure keeps the rest
-    results["aims"] = aims(results)
+    for name in selected:
+        stages.begin(f"{name}: {TITLES[name]}")
+        results[name] = run_scenario(name, tf, cfg, progress, args)
+        gc.collect()  # the previous scenario's variables (GBs at full size)
+        save(results, args.out)  # after every scenario: a late failure keeps the rest
+        stages.end("not run: " + FBGEMM_PEER if "_skipped" in results[name] and not args.aims
+                   else "")
+    if args.aims:
+        results["aims"] = aims(results)
+    else:  # an earlier run's would not describe these results
+        results.pop("aims", None)
     save(results, args.out)
-    plotted = plot(results, os.path.join(args.out, "benchmarks.png"))
+    plot_path = os.path.join(args.out, "benchmarks.png")
+    drawn = plot(results, plot_path)
+    print()
     write_report(results, args, argv)
-    progress(f"done; plot {'written' if plotted else 'skipped (no matplotlib)'}")
+    print(f"Results: {os.path.join(args.out, 'results.json')}")
+    print(plot_line(drawn, plot_path))
     if mismatches(results):
-        print("contenders whose numbers differ from fusedopt's:", mismatches(results),
+        print("implementations whose numbers differ from fusedopt's:", mismatches(results),
               file=sys.stderr)
         return 1
     return 0

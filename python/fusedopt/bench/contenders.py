@@ -43,6 +43,9 @@ class RuleContenders(NamedTuple):
     torch_dense: tuple = ()  # Optimizers, make(torch, parameters); dense grads
     torch_hyper: Optional[Callable] = None  # `hyper` in torch's form (oracle "torch")
     per_row: tuple = ()  # the slots with one value per row (shape var.shape[:1])
+    # tf.keras's sparse path fails on repeated ids (Keras 3's centered RMSprop: its index
+    # union counts a repeated id twice and gathers out of range): fed summed unique rows.
+    keras_sparse_dedup: bool = False
 
     def slot_shape(self, slot, var_shape):
         """The shape of slot `slot` (its name) beside a var of `var_shape`."""
@@ -165,6 +168,7 @@ RULES = {
                                                                centered=True)),
         tf_dense_kernel="ResourceApplyCenteredRMSProp",
         tf_sparse_kernel="ResourceSparseApplyCenteredRMSProp",
+        keras_sparse_dedup=True,
         fusedopt_keras=Optimizer("fusedopt.keras.RMSprop (centered)", "lazy",
                                  libraries.fusedopt_keras,
                                  lambda fk: fk.RMSprop(LR, RMS_RHO, RMS_MOMENTUM, EPS,

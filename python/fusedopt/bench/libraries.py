@@ -47,3 +47,17 @@ def fusedopt_legacy():
         return importlib.import_module("fusedopt.keras.legacy")
     except ImportError:
         return None
+
+
+def missing_peers(tf_version):
+    """The libraries the benchmark would also compare with that are not installed here,
+    each with how to install it, in plain words (printed once at the start)."""
+    minor = ".".join(tf_version.split(".")[:2])
+    out = []
+    if torch() is None:
+        out.append("PyTorch (pip install torch)")
+    if tf_keras() is None:
+        out.append(f"Keras 2's optimizers (pip install --no-deps tf-keras=={minor}.*)")
+    if tuple(int(x) for x in tf_version.split(".")[:2]) <= (2, 15) and tensorflow_addons() is None:
+        out.append("tensorflow-addons' LazyAdam (pip install tensorflow-addons)")
+    return out

@@ -96,7 +96,8 @@ def scenario_scaling(tf, cfg, progress, quick):
     if huge_pages_available():
         result = table_scaling_with_small_pages(quick)
         out["table_rows_small_pages"] = {int(k): v for k, v in result["ms"].items()}
-        progress(f"scaling: table rows (FUSEDOPT_HUGE_PAGES=0) -> {out['table_rows_small_pages']}")
+        progress(f"scaling: table rows, huge pages off (4 KB pages) -> "
+                 f"{out['table_rows_small_pages']}")
     for ids in cfg["touched"]:
         step = sparse_lazy_adam_step(tf, cfg, cfg["scaling_table"], ids, 2)
         step()
@@ -107,8 +108,10 @@ def scenario_scaling(tf, cfg, progress, quick):
         del step
         gc.collect()  # this table's variables (held in reference cycles), before the next
     out["table_rows"], out["huge_pages_MB"] = table_scaling(tf, cfg)
-    progress(f"scaling: table rows (default settings, {out['huge_pages_MB']} MB on huge "
-             f"pages) -> {out['table_rows']}")
+    huge = out["huge_pages_MB"]
+    progress(f"scaling: table rows (default settings, "
+             + (f"{huge:,.0f} MB on huge pages" if huge is not None else "huge pages unknown")
+             + f") -> {out['table_rows']}")
     return out
 
 

@@ -10,26 +10,63 @@ CONTENDER_TABLES = [("Sparse embedding step", "sparse"),
                     ("Dense LazyAdam step vs TF's kernel and torch, by parameters", "dense_sizes")]
 
 
+def megabytes(n_bytes):
+    """"512", "0.13": MB (10^6 bytes) to a precision a person reads."""
+    mb = n_bytes / 1e6
+    return f"{mb:,.0f}" if mb >= 10 else f"{mb:.2g}"
+
+
 def _load_averages(values):
     return ", ".join(f"{x:.1f}" for x in values)
 
 
-def header(results, command):
+def header(results, command, developer=True):
     env = results["environment"]
+    torch = f"torch {env['torch']}" if env.get("torch") else "PyTorch not installed"
     rerun = ""
     if "earlier_run" in env:
         early = env["earlier_run"]
         rerun = (f"Re-ran {', '.join(env['rerun_scenarios'])}; the other scenarios are from "
                  f"the run of {early['date']} (load average at start "
                  f"{_load_averages(early['load_average_at_start'])}).  ")
+    legend = ([] if developer else [
+        "Every contender was first checked against fusedopt's numbers (checked against, max "
+        "rel err), then all were timed in turn. x fusedopt: a contender's median step time "
+        "over fusedopt's (above 1: fusedopt is faster).", ""])
     return [f"Command: `{command}`  ", rerun, f"Date: {env['date']}; machine: {env['machine']} "
             f"(load average at start: {_load_averages(env['load_average_at_start'])}); "
-            f"TF {env['tensorflow']}; tf.keras = Keras {env['keras']}; torch {env['torch']}; "
-            f"threads pinned to {THREADS} (TF intra-op, torch, fusedopt._core); inter-op 1.", ""]
+            f"TF {env['tensorflow']}; tf.keras = Keras {env['keras']}; {torch}; "
+            f"threads pinned to {THREADS} (TF intra-op, torch, fusedopt._core); inter-op 1.", ""
+            ] + legend
 
 
-def contender_table(title, key, tables):
-    """One section: a table of contenders per rule (or, under XLA, per table size)."""
+# What each contender was checked against (its "semantics": contenders.py), in words.
+CHECKED_AGAINST = {"lazy": "fusedopt's sparse update", "dense": "fusedopt's dense update",
+                   "lazy_eps_out": "fusedopt's sparse update, TF's epsilon",
+                   "tf": "fusedopt, TF's form", "keras": "fusedopt, Keras's form",
+                   "torch": "fusedopt, PyTorch's form"}
+
+
+def meta_words(key, meta):
+    """A table's notes (its "_meta") in words, for users."""
+    words = []
+    if "unique_ids_per_step" in meta:
+        words.append(f"{meta['unique_ids_per_step']:,} distinct ids per step")
+    if "fusedopt_x_floor" in meta:
+        words.append(f"fusedopt's op takes {meta['fusedopt_x_floor']:.1f}x the time of only "
+                     f"reading, updating and writing those rows ({meta['floor_ms']:.2f} ms)")
+    if "bytes_per_step" in meta:
+        words.append(f"{megabytes(meta['bytes_per_step'])} MB read and written per step")
+    same = meta.get("same_buffers_ms")
+    if same:
+        words.append("on the very same arrays: " + ", ".join(
+            f"{name} {ms:.2f} ms" for name, ms in same.items()))
+    return "; ".join(words)
+
+
+def contender_table(title, key, tables, developer=True):
+    """One section: a table of contenders per rule (or, under XLA, per table size).
+    `developer`: notes as JSON and the checks' internal names (else in words)."""
     dense = key in ("dense", "dense_sizes")  # with achieved bandwidth
     lines = [f"### {title}"]
     for table, rows in tables.items():
@@ -38,26 +75,34 @@ def contender_table(title, key, tables):
         elif key == "dense_sizes":
             table = f"{int(table):,} parameters"
         meta = rows.get("_meta", {})
-        lines += ["", f"**{table}** {json.dumps(meta) if meta else ''}", "",
-                  "| contender | median ms | min..max ms | x fusedopt | checked vs | max rel err |"
+        notes = (json.dumps(meta) if meta else "") if developer else meta_words(key, meta)
+        lines += ["", f"**{table}** {notes}", "",
+                  "| contender | median ms | min..max ms | x fusedopt | "
+                  + ("checked vs" if developer else "checked against") + " | max rel err |"
                   + (" GB/s |" if dense else ""),
                   "|---|---|---|---|---|---|" + ("---|" if dense else "")]
         for name, r in rows.items():
             if name.startswith("_"):
                 continue
+            checked = r["semantics"] if developer else CHECKED_AGAINST.get(r["semantics"],
+                                                                            r["semantics"])
             lines.append(f"| {name} | {r['median_ms']:.2f} | {r['min_ms']:.2f}..{r['max_ms']:.2f} | "
-                         f"{r['x_fusedopt']:.2f} | {r['semantics']} | {r['max_rel_error']:.1e} |"
+                         f"{r['x_fusedopt']:.2f} | {checked} | {r['max_rel_error']:.1e} |"
                          + (f" {r['GB_per_s']:.1f} |" if dense else ""))
     return lines + [""]
 
 
-def scaling_section(scaling):
+SMALL_PAGES = "huge pages off (4 KB pages)"
+
+
+def scaling_section(scaling, developer=True):
     small = {int(k): v for k, v in scaling.get("table_rows_small_pages", {}).items()}
     lines = ["### Scaling (fusedopt sparse LazyAdam, ms per step)", "",
              "| touched rows | ms |", "|---|---|"]
     lines += [f"| {int(k):,} | {v:.2f} |" for k, v in scaling["touched_rows"].items()]
+    off = "`FUSEDOPT_HUGE_PAGES=0` (4 KB pages)" if developer else SMALL_PAGES
     lines += ["", "| table rows | ms, default settings (huge pages from the ops) | ms, "
-              "`FUSEDOPT_HUGE_PAGES=0` (4 KB pages) |", "|---|---|---|"]
+              f"{off} |", "|---|---|---|"]
     lines += [f"| {int(k):,} | {v:.2f} | " + (f"{small[int(k)]:.2f} |" if int(k) in small else "n/a |")
               for k, v in scaling["table_rows"].items()]
     return lines + [""]
@@ -190,24 +235,28 @@ def aims_section(aims):
                                          f"{'yes' if a['met'] else '**no**'} |") for a in aims]
 
 
-def markdown(results, command):
-    lines = header(results, command)
+def markdown(results, command, developer=True):
+    """The report. `developer` (``--aims``): with the project's aims and its internal notes;
+    else for users (notes in words, a skipped peer left to the run's "not compared" line)."""
+    lines = header(results, command, developer)
     for title, key in CONTENDER_TABLES:
         if key in results:
-            lines += contender_table(title, key, results[key])
+            lines += contender_table(title, key, results[key], developer)
     if "scaling" in results:
-        lines += scaling_section(results["scaling"])
+        lines += scaling_section(results["scaling"], developer)
     if "bandwidth" in results:
         lines += bandwidth_section(results["bandwidth"],
                                    results["environment"]["config"]["repeats"])
     if "many_small" in results:
         lines += many_small_section(results["many_small"])
-    if "sparse_fbgemm" in results:
+    if "sparse_fbgemm" in results and (developer or "_skipped" not in results["sparse_fbgemm"]):
         lines += fbgemm_section(results["sparse_fbgemm"])
     lines += sum((section(results[name]) for name, section in (
         ("state_memory", state_memory_section), ("convergence", convergence_section))
         if name in results), [])
-    return "\n".join(lines + aims_section(results["aims"])) + "\n"
+    if developer:
+        lines += aims_section(results["aims"])
+    return "\n".join(lines) + "\n"
 
 
 def _speedup_bars(ax, results):
@@ -230,7 +279,7 @@ def _scaling_lines(touched_ax, table_ax, scaling):
     for ax, key, label, legend in [(touched_ax, "touched_rows", "touched rows", "1M-row table"),
                                    (table_ax, "table_rows", "table rows", "default settings"),
                                    (table_ax, "table_rows_small_pages", "table rows",
-                                    "FUSEDOPT_HUGE_PAGES=0")]:
+                                    SMALL_PAGES)]:
         if key not in scaling:
             continue
         ax.plot([int(k) for k in scaling[key]], list(scaling[key].values()), "o-", label=legend)

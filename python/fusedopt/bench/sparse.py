@@ -108,17 +108,26 @@ class SparseSteps:
             self.rule_name, var, slots, g, i, **self.rule.hyper(t), **self.rule.keras_options))
         return self._cycling(update, batches), var
 
-    def optimizer(self, make_optimizer, batches, jit_compile=False):
-        """An optimizer object's apply_gradients on an IndexedSlices gradient."""
+    def optimizer(self, make_optimizer, batches, jit_compile=False, dedup=False):
+        """An optimizer object's apply_gradients on an IndexedSlices gradient; `dedup`:
+        its repeated ids summed first (one row per id)."""
         tf = self.tf
         var = tf.Variable(self.problem.init)
         opt = make_optimizer()
 
         @tf.function(jit_compile=jit_compile)
         def update(i, g):
+            if dedup:
+                i, g = self._summed(i, g)
             opt.apply_gradients([(tf.IndexedSlices(g, i, tf.constant(self.shape, tf.int64)),
                                   var)])
         return self._cycling(update, batches, pass_step=False), var
+
+    def _summed(self, ids, grad):
+        """(unique ids, their gradient rows summed)."""
+        tf = self.tf
+        unique, pos = tf.unique(ids)
+        return unique, tf.math.unsorted_segment_sum(grad, pos, tf.shape(unique)[0])
 
     def tf_sparse_kernel(self, batches):
         """TF's own fused sparse kernel, fed deduplicated rows (it needs unique ids)."""
@@ -128,8 +137,7 @@ class SparseSteps:
 
         @tf.function
         def update(i, g, t):
-            unique, pos = tf.unique(i)
-            summed = tf.math.unsorted_segment_sum(g, pos, tf.shape(unique)[0])
+            unique, summed = self._summed(i, g)
             kernel(**self.rule.tf_kernel_variables(var, slots), **self.rule.hyper(t), grad=summed,
                    indices=unique)
         return self._cycling(update, batches), var
@@ -159,7 +167,11 @@ def rule_contenders(tf, problem, rule):
         contenders[f"TF {entry.tf_sparse_kernel} (+dedup)"] = (steps.tf_sparse_kernel,
                                                                "lazy_eps_out")
         oracles["lazy_eps_out"] = functools.partial(steps.fused, options={})
-    for optimizer in (entry.keras, *entry.sparse_optimizers, entry.fusedopt_keras):
+    if entry.keras_sparse_dedup:
+        add_optimizer(contenders, entry.keras, functools.partial(steps.optimizer, dedup=True),
+                      " (+dedup)")
+    for optimizer in (None if entry.keras_sparse_dedup else entry.keras,
+                      *entry.sparse_optimizers, entry.fusedopt_keras):
         add_optimizer(contenders, optimizer, steps.optimizer)
     add_optimizer(contenders, entry.torch_sparse, steps.torch)
     return contenders, oracles
