@@ -37,14 +37,7 @@ class FusedApply {
  public:
   explicit FusedApply(::tensorflow::OpKernelConstruction* ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("use_locking", &use_exclusive_lock_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("stochastic_rounding", &stochastic_rounding_));
-    for (int i = 0; i < NumOptions<Rule>(); ++i) {
-      OP_REQUIRES_OK(ctx, ctx->GetAttr(Rule::kOptions[i].name, &options_[i]));
-    }
-    int64_t seeds = 0;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr(kRoundingSeedCount, &seeds));
-    const std::string error = RoundingSeedAttrError(stochastic_rounding_, seeds);
-    OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(error));
+    attrs_.Read(ctx);
   }
 
   // Validates, then updates (CPU) or enqueues the update (GPU). Errors go to ctx. GPU
@@ -117,7 +110,7 @@ class FusedApply {
     uint64_t rounding_seed = 0;
     OP_REQUIRES_OK(ctx, ReadRoundingSeed(ctx, &rounding_seed));
 
-    const auto params = PrepareParams<Rule, Storage>(hyper.data(), options_.data(), rounding_seed);
+    const auto params = PrepareParams<Rule, Storage>(hyper.data(), attrs_.options.data(), rounding_seed);
     OP_REQUIRES_OK(ctx, ForSlotStorage<T>(slot_dtype_, [&](auto slot_storage) {
       return Update<typename decltype(slot_storage)::type>(ctx, params, state, check,
                                                            num_rows_out);
@@ -144,13 +137,13 @@ class FusedApply {
       if (num_rows_out != nullptr) *num_rows_out = num_rows;
       return Engine::template Sparse<Rule, Storage, Index, S>(
           ctx, params, var, slots.data(), num_rows, row_size, grad_data, DataOf<Index>(indices),
-          indices.NumElements(), check, stochastic_rounding_);
+          indices.NumElements(), check, attrs_.stochastic);
     } else {
       const int64_t n = state[0].NumElements();
       const int64_t row_size =
           RowSizeOf(state[0].dims(), state[0].dims() == 0 ? 1 : state[0].dim_size(0), n);
       return Engine::template Dense<Rule, Storage, S>(ctx, params, var, slots.data(), grad_data,
-                                                      n, row_size, stochastic_rounding_);
+                                                      n, row_size, attrs_.stochastic);
     }
   }
 
@@ -274,8 +267,7 @@ class FusedApply {
   }
 
   bool use_exclusive_lock_ = false;
-  bool stochastic_rounding_ = false;
-  std::array<bool, NumOptions<Rule>()> options_{};
+  UpdateAttrs<Rule> attrs_;
   ::tensorflow::DataType slot_dtype_ = ::tensorflow::DataTypeToEnum<T>::value;
 };
 

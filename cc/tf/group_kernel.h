@@ -41,14 +41,7 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
     // use_locking changes nothing: like TF's dense resource ops, the update always holds
     // every variable's lock exclusively.
     OP_REQUIRES_OK(ctx, ctx->GetAttr("N", &n_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("stochastic_rounding", &stochastic_rounding_));
-    for (int i = 0; i < NumOptions<Rule>(); ++i) {
-      OP_REQUIRES_OK(ctx, ctx->GetAttr(Rule::kOptions[i].name, &options_[i]));
-    }
-    int64_t seeds = 0;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr(kRoundingSeedCount, &seeds));
-    const std::string error = RoundingSeedAttrError(stochastic_rounding_, seeds);
-    OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(error));
+    attrs_.Read(ctx);
   }
 
   void Compute(::tensorflow::OpKernelContext* ctx) override {
@@ -175,7 +168,7 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
       }
       state[j] = var->tensor();
     }
-    const auto params = PrepareParams<Rule, Storage>(hyper.data(), options_.data(), rounding_seed);
+    const auto params = PrepareParams<Rule, Storage>(hyper.data(), attrs_.options.data(), rounding_seed);
     OP_REQUIRES_OK(ctx, ForSlotStorage<T>(slot_dtype, [&](auto slot_storage) {
       using S = typename decltype(slot_storage)::type;
       std::vector<DenseTensor<Rule, Storage, S>> tensors(n_);
@@ -189,7 +182,7 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
         x.row_size = RowSizeOf(grad.dims(), grad.dims() == 0 ? 1 : grad.dim_size(0), x.n);
       }
       return Engine::template DenseGroup<Rule, Storage, S>(ctx, params, tensors.data(), n_,
-                                                           stochastic_rounding_);
+                                                           attrs_.stochastic);
     }));
   }
 
@@ -248,8 +241,7 @@ class FusedGroupApplyOp : public ::tensorflow::OpKernel {
   }
 
   int64_t n_ = 0;
-  bool stochastic_rounding_ = false;
-  std::array<bool, NumOptions<Rule>()> options_{};
+  UpdateAttrs<Rule> attrs_;
 };
 
 }  // namespace tf

@@ -11,6 +11,7 @@
 // what is known, like TF's own training ops.
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "cc/core/validate.h"
 #include "cc/tf/tf_types.h"
 #include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
 namespace fusedopt {
@@ -200,6 +202,26 @@ inline std::string RoundingSeedAttrError(bool stochastic_rounding, int64_t seeds
   }
   return "";
 }
+
+// The attributes every kernel of a rule reads past its types (the op kernels and the XLA
+// kernels alike): stochastic_rounding, the rule's options, and the count of rounding seeds
+// checked against stochastic_rounding. Read() reports to ctx.
+template <typename Rule>
+struct UpdateAttrs {
+  bool stochastic = false;
+  std::array<bool, NumOptions<Rule>()> options{};
+
+  void Read(::tensorflow::OpKernelConstruction* ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("stochastic_rounding", &stochastic));
+    for (int i = 0; i < NumOptions<Rule>(); ++i) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr(Rule::kOptions[i].name, &options[i]));
+    }
+    int64_t seeds = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr(kRoundingSeedCount, &seeds));
+    const std::string error = RoundingSeedAttrError(stochastic, seeds);
+    OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(error));
+  }
+};
 
 namespace detail {
 

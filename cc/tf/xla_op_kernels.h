@@ -10,20 +10,14 @@ namespace xla_impl {
 
 namespace tfw = ::tensorflow;
 
-// The attributes every XLA op kernel of a rule reads, and where it compiles.
+// The attributes every XLA op kernel of a rule reads (the op kernels' UpdateAttrs), and
+// where it compiles.
 template <typename Rule>
-struct RuleAttrs {
+struct RuleAttrs : UpdateAttrs<Rule> {
   explicit RuleAttrs(tfw::OpKernelConstruction* ctx)
       : on_cpu(ctx->device_type() == tfw::DeviceType(tfw::DEVICE_CPU_XLA_JIT)) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("T", &dtype));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("stochastic_rounding", &stochastic));
-    for (int i = 0; i < NumOptions<Rule>(); ++i) {
-      OP_REQUIRES_OK(ctx, ctx->GetAttr(Rule::kOptions[i].name, &options[i]));
-    }
-    int64_t seeds = 0;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr(kRoundingSeedCount, &seeds));
-    const std::string error = RoundingSeedAttrError(stochastic, seeds);
-    OP_REQUIRES(ctx, error.empty(), absl::InvalidArgumentError(error));
+    this->Read(ctx);
   }
 
   // The call's rounding salt (U32 scalar: CallSaltHlo of the op's seed; 0 without one).
@@ -45,8 +39,6 @@ struct RuleAttrs {
 
   const bool on_cpu;  // compiling for XLA:CPU
   tfw::DataType dtype = tfw::DT_INVALID;
-  bool stochastic = false;  // stochastic_rounding (of 16-bit slots)
-  std::array<bool, NumOptions<Rule>()> options{};
 };
 
 // ---------------------------------------------------------------------------------------

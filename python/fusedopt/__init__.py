@@ -19,7 +19,6 @@ __all__ = ["__version__", "ops", "keras", "compat", "estimator", "reference", "e
            "IgnoredOptionWarning"]
 
 from fusedopt import _loader
-from fusedopt._explain import Explanation, VariableRoute, explain
 from fusedopt._warnings import FallbackWarning, FusedOptWarning, IgnoredOptionWarning
 
 _loader.package_version = __version__
@@ -31,9 +30,16 @@ _loader.install_import_check()
 _LAZY_SUBMODULES = ("ops", "keras", "compat", "estimator", "reference")
 
 
+# fusedopt.explain and its result types live in fusedopt._explain (which imports the rest of
+# the package when called): fetched on first use, as the subpackages are.
+_FROM_EXPLAIN = ("explain", "Explanation", "VariableRoute")
+
+
 def __getattr__(name):
     if name in _LAZY_SUBMODULES:
         return _importlib.import_module(f"{__name__}.{name}")  # also sets the attribute
+    if name in _FROM_EXPLAIN:
+        return getattr(_importlib.import_module(f"{__name__}._explain"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

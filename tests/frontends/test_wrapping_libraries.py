@@ -421,13 +421,18 @@ def test_keras_replaced_slot_creation_warns_once():
         return keras_base.add_variable_from_reference(opt, *args, **kwargs)
 
     opt.add_variable_from_reference = add_variable_from_reference
+    _train_twice_warns_once(opt, variables, dense)
+    assert opt.get_config()["slot_dtype"] == "bfloat16"
+
+
+def _train_twice_warns_once(opt, variables, dense):
+    """Two steps: one IgnoredOptionWarning about slot_dtype."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):
             opt.apply_gradients(zip([tf.constant(g) for g in dense], variables))
     (warning,) = _ignored_option_warnings(caught)
     assert "slot_dtype='bfloat16' has no effect" in str(warning.message)
-    assert opt.get_config()["slot_dtype"] == "bfloat16"
 
 
 def test_keras2_replaced_add_slot_warns_once():
@@ -441,9 +446,4 @@ def test_keras2_replaced_add_slot_warns_once():
         return base.add_slot(opt, var, slot_name, initializer, shape)
 
     opt.add_slot = add_slot
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(2):
-            opt.apply_gradients(zip([tf.constant(g) for g in dense], variables))
-    (warning,) = _ignored_option_warnings(caught)
-    assert "slot_dtype='bfloat16' has no effect" in str(warning.message)
+    _train_twice_warns_once(opt, variables, dense)
