@@ -82,7 +82,11 @@ CHILD = """if 1:
         out = {"result": _core.sparse_floor(batches, **args)}
     except Exception as e:
         out = {"error": type(e).__name__, "message": str(e)}
-    out["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # The peak of this process's own memory (VmHWM; ru_maxrss keeps the parent's peak
+    # across the exec that started this process, e.g. a test worker holding TensorFlow).
+    with open("/proc/self/status") as f:
+        hwm_kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    out["maxrss_mb"] = hwm_kb / 1024
     print(json.dumps(out))
 """
 
