@@ -15,7 +15,10 @@ then rounds as the engine does and every slot is compared bit for bit on both lo
 The variable's own update still has inexact products (a step size times a moment): it is
 compared bit for bit where XLA emits no fused multiply-adds (the custom call; the HLO child
 process below where XLA can be told so: --xla_cpu_max_isa=AVX), else within test_xla.py's
-bound. The "hlo" cases run in a child process (the lowering is chosen when a step compiles,
+bound. So is centered RMSprop's `mom`: it divides by sqrt(ms - mg*mg + eps), and mg*mg (mg
+just updated, in float32) is inexact, so a contracted ms - mg*mg moves the float32 value by
+an ulp, which may move its 16-bit rounding by one step (TF 2.15's XLA, which has no max-ISA
+flag, does this in a few elements of a thousand). The "hlo" cases run in a child process (the lowering is chosen when a step compiles,
 and compiled steps are cached per process).
 
 Refused combinations (compact slots of a float64 variable, slots of two dtypes, float64 slots
@@ -47,6 +50,9 @@ LOWERING = ops.xla_cpu_lowering()
 # this for its HLO child where XLA knows --xla_cpu_max_isa).
 EXACT_VAR = LOWERING == "custom_call" or os.environ.get("FUSEDOPT_TEST_XLA_NO_FMA") == "1"
 HLO_ULPS = 4  # test_xla.py's bound for the HLO lowering's fused multiply-adds
+# Slots made from an inexact product that XLA may contract (see the docstring): bit for bit
+# only where EXACT_VAR, else within one step of their 16-bit storage.
+CONTRACTED_SLOTS = {"centered_rms_prop": {"mom"}}
 
 # Betas whose complements are powers of two: (g - m) * (1 - beta1) is exact.
 DYADIC = {"beta1": 0.875, "beta2": 0.9375, "rho": 0.9375, "momentum": 0.5}
@@ -136,7 +142,20 @@ def _assert_same(rule, got, want, old_var, what):
     for k, (g, w) in enumerate(zip(got[1:], want[1:])):
         name = f"{what}: {RULES[rule]['slots'][k]}"
         assert g.dtype == w.dtype, (name, g.dtype, w.dtype)
-        np.testing.assert_array_equal(_bits(g), _bits(w), err_msg=name)
+        if not EXACT_VAR and RULES[rule]["slots"][k] in CONTRACTED_SLOTS.get(rule, ()):
+            _assert_one_step(g, w, name)
+        else:
+            np.testing.assert_array_equal(_bits(g), _bits(w), err_msg=name)
+
+
+def _assert_one_step(got, want, what):
+    """At most one step of the storage type apart (same sign), in at most 1% of elements."""
+    g, w = _bits(got).astype(np.int64), _bits(want).astype(np.int64)
+    sign = 1 << (8 * got.dtype.itemsize - 1)
+    assert ((g & sign) == (w & sign)).all(), what
+    steps = np.abs(g - w)
+    assert steps.max() <= 1, (what, steps.max())
+    assert np.count_nonzero(steps) <= max(1, steps.size // 100), (what, np.count_nonzero(steps))
 
 
 @pytest.mark.parametrize("stochastic", [False, True], ids=["nearest", "stochastic"])
