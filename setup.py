@@ -21,7 +21,8 @@ Without TensorFlow, pybind11 or setuptools >= 77 the build stops at once with on
 saying what to install (``prerequisite_problems``).
 
 ``FUSEDOPT_CUDA=1`` adds the CUDA kernels: nvcc (``$FUSEDOPT_NVCC``, else ``nvcc`` on PATH)
-compiles ``GPU_SRCS`` for the targets in cc/core/gpu/nvcc_flags.txt, the op library registers GPU
+compiles ``GPU_SRCS`` for the targets in cc/core/gpu/nvcc_flags.txt (``FUSEDOPT_CUDA_ARCHS``,
+e.g. ``sm_90``, builds for those instead: shorter), the op library registers GPU
 kernels too (inert without a GPU: the library still loads in tensorflow-cpu), cudart is
 linked statically (no libcudart.so dependency), and ``fusedopt._core_cuda`` (the CUDA
 engine on device arrays) is built as well.
@@ -171,7 +172,21 @@ def nvcc_settings():
     return settings["flags"], settings["archs"]
 
 
-NVCC_BASE_FLAGS, CUDA_ARCHS = nvcc_settings()
+def cuda_archs(release_archs):
+    """The release targets, or $FUSEDOPT_CUDA_ARCHS (space- or comma-separated sm_XX /
+    compute_XX): e.g. only the local GPU's, for a shorter build that runs only there."""
+    given = os.environ.get("FUSEDOPT_CUDA_ARCHS", "").replace(",", " ").split()
+    if not given:
+        return release_archs
+    bad = [a for a in given if not re.fullmatch(r"(sm|compute)_\d+[af]?", a)]
+    if bad:
+        sys.exit(f"FUSEDOPT_CUDA_ARCHS: {' '.join(bad)} is not a CUDA target (sm_XX for machine "
+                 f"code, compute_XX for PTX; the release builds use: {' '.join(release_archs)})")
+    return given
+
+
+NVCC_BASE_FLAGS, RELEASE_CUDA_ARCHS = nvcc_settings()
+CUDA_ARCHS = cuda_archs(RELEASE_CUDA_ARCHS)
 # compute_XX -> PTX for later GPUs; sm_XX -> machine code.
 NVCC_FLAGS = NVCC_BASE_FLAGS + [
     flag for arch in CUDA_ARCHS

@@ -9,7 +9,8 @@
 #     reports TensorFlow's and CPython's intentional process-lifetime allocations.
 #   - UBSan: -fno-sanitize-recover=all, so any undefined behaviour in our code aborts.
 # Default tests: tests/ops/test_ops.py tests/ops/test_errors.py tests/core/test_core.py tests/ops/test_fuzz.py
-# (pass pytest args to run others). SANITIZE_OPT (default -O1) sets the optimisation level;
+# (pass pytest args to run others). SANITIZE_OPT (default -O0: half -O1's compile time on
+# these template-heavy files, and nothing optimised away from the checks) sets the level;
 # FUSEDOPT_JOBS (default 2) caps parallel compiles.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -31,7 +32,7 @@ san=(-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-poin
 # pointer == nullptr ... is not a constant expression" in hash_policy_traits.h. Those three
 # checks are dropped for the TF op library only (ASan still traps null dereferences there).
 tf_san=(-fno-sanitize=null,nonnull-attribute,returns-nonnull-attribute)
-opt=(${SANITIZE_OPT:--O1} -fno-math-errno)
+opt=(${SANITIZE_OPT:--O0} -fno-math-errno)
 t0=$SECONDS
 
 # TF flags (-I -> -isystem, as setup.py), pybind11 includes, source lists, extension suffix.

@@ -349,6 +349,19 @@ def test_info_command_reports_a_damaged_library(tmp_path, library):
     assert "Traceback" not in proc.stderr, _describe(proc)
 
 
+@pytest.mark.parametrize("archs", ["sm90", "sm_90 cuda_80"])
+def test_a_wrong_cuda_target_is_named_before_anything_builds(archs):
+    """FUSEDOPT_CUDA_ARCHS narrows the CUDA targets; a value that is not one stops setup.py
+    at once, naming it and the release targets."""
+    env = dict(os.environ, FUSEDOPT_CUDA_ARCHS=archs)
+    proc = subprocess.run([sys.executable, "setup.py", "--name"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0, _describe(proc)
+    bad = archs.split()[-1]
+    assert f"FUSEDOPT_CUDA_ARCHS: {bad} is not a CUDA target" in proc.stderr, _describe(proc)
+    assert "sm_80 sm_90 compute_90" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_nvcc_settings_are_written_once():
     """setup.py, BUILD and tools/gpu_check.sh read cc/core/gpu/nvcc_flags.txt: no other
     file spells an nvcc flag or an architecture list."""

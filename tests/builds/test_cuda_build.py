@@ -56,7 +56,10 @@ def test_build_info_records_cuda(pkg):
     with open(os.path.join(pkg, "fusedopt", "_build_info.json")) as f:
         info = json.load(f)
     assert info["cuda"] is True
-    assert info["cuda_archs"] == ["sm_80", "sm_90", "compute_90"]
+    # The release targets (cc/core/gpu/nvcc_flags.txt), or those FUSEDOPT_CUDA_ARCHS named
+    # (CI builds for sm_90 only: tools/test_all.sh).
+    narrowed = os.environ.get("FUSEDOPT_CUDA_ARCHS", "").replace(",", " ").split()
+    assert info["cuda_archs"] == (narrowed or ["sm_80", "sm_90", "compute_90"])
     assert "release" in info["nvcc"]
 
 

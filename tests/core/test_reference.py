@@ -164,11 +164,12 @@ def test_bad_indices_rejected_before_writing(rule, form, mode, index_dtype):
     var0, slots0 = harness.make_state(rule, (4, 3), "float", rng)
     hyper = harness.hyper_for(rule, "float", 1)
     make = _masked_step if form == "masked_sparse_update" else _apply_sparse_step
-    for ids, message in BAD_INDICES:
-        vs = [tf.Variable(x) for x in [var0] + slots0]
-        step = make(rule, vs, hyper)
-        if mode != "eager":
-            step = tf.function(step, jit_compile=mode == "jit")
+    vs = [tf.Variable(x) for x in [var0] + slots0]
+    step = make(rule, vs, hyper)
+    if mode != "eager":  # one trace for every case: ids of any length
+        step = tf.function(step, jit_compile=mode == "jit", input_signature=[
+            tf.TensorSpec([None, 3], tf.float32), tf.TensorSpec([None], index_dtype)])
+    for ids, message in BAD_INDICES:  # each case must leave the variables as they started
         grad = tf.constant(harness.make_grad((len(ids), 3), "float", rng))
         indices = tf.constant(ids, index_dtype)
         if mode == "jit":

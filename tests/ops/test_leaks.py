@@ -21,6 +21,10 @@ STEPS = int(os.environ.get("FUSEDOPT_LEAK_STEPS", "20000"))
 WARMUP = max(1, STEPS // 10)
 GROWTH_MB = 20
 
+# What leaks would be our kernels' and pybind module's own allocations, the same source under
+# every TensorFlow: one TF stage of CI runs these (tools/test_all.sh).
+pytestmark = pytest.mark.once
+
 
 def rss_mb():
     with open("/proc/self/status") as f:
