@@ -126,7 +126,7 @@ def apply_sparse(rule: str, var_variable: tf.Variable, slot_variables: Sequence[
         return _result([v.assign(x, read_value=False) for v, x in
                         zip([var_variable] + slot_variables, (new_var,) + tuple(new_slots))])
     grad = tf.convert_to_tensor(grad)
-    indices = check_indices(tf.reshape(indices, [-1]), tf.shape(var_variable)[0])
+    indices = check_indices(tf.reshape(indices, [-1]), _rows_of(var_variable))
     rows, segments = tf.unique(indices)
     grad = tf.math.unsorted_segment_sum(
         tf.cast(grad, _compute_dtype(grad.dtype)), segments, tf.shape(rows)[0])
@@ -135,6 +135,16 @@ def apply_sparse(rule: str, var_variable: tf.Variable, slot_variables: Sequence[
     updates = [tf.compat.v1.scatter_update(v, rows, x)
                for v, x in zip([var_variable] + slot_variables, (new_var,) + new_slots)]
     return _result(updates)
+
+
+def _rows_of(variable: tf.Variable) -> Any:
+    """The variable's first dimension without reading it: a dense read (tf.shape(variable))
+    would leave a tensor sharing the table's buffer, and the scatter after it would then
+    copy the whole table to write the touched rows."""
+    rows = variable.shape[0] if variable.shape.rank else None
+    if rows is not None:
+        return rows
+    return tf.raw_ops.VariableShape(input=variable.handle, out_type=tf.int64)[0]
 
 
 def _in_xla_context():
