@@ -188,15 +188,16 @@ class Block(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Block())
 import numpy as np, keras
 path, compile_it = sys.argv[1], sys.argv[2] == "1"
+layers = {"fusedopt>Embedding": keras.layers.Embedding}
 if compile_it:
     model = keras.models.load_model(path, custom_objects={
-        "fusedopt>LazyAdam": keras.optimizers.Adam})
+        "fusedopt>LazyAdam": keras.optimizers.Adam, **layers})
     before = int(model.optimizer.iterations)
     x = np.arange(48, dtype="int32").reshape(16, 3) % 50
     model.fit(x, np.ones((16, 1), "float32"), epochs=1, verbose=0)
     print(type(model.optimizer).__name__, before, int(model.optimizer.iterations))
 else:
-    model = keras.models.load_model(path, compile=False)
+    model = keras.models.load_model(path, compile=False, custom_objects=layers)
     print("weights", len(model.get_weights()))
 """
 
@@ -205,11 +206,12 @@ else:
 @pytest.mark.skipif(not hasattr(tf.keras.optimizers.Optimizer, "stateless_apply"),
                     reason="Keras 3's .keras format (the saving guide's recipe)")
 def test_a_colleague_without_fusedopt_opens_the_keras_file(tmp_path):
-    """The saving guide's recipe: custom_objects maps fusedopt's class to Keras's, whose
-    state it carries on; compile=False where the config holds fusedopt's own keywords."""
+    """The saving guide's recipe: custom_objects maps fusedopt's classes to Keras's (the
+    optimizer's state carries on; the Embedding layer's table too); compile=False where the
+    config holds fusedopt's own keywords."""
     def saved(optimizer, name):
         inp = tf.keras.Input((3,), dtype="int32")
-        x = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(50, 4)(inp))
+        x = tf.keras.layers.Flatten()(fk.Embedding(50, 4)(inp))
         model = tf.keras.Model(inp, tf.keras.layers.Dense(1)(x))
         model.compile(optimizer=optimizer, loss="mse")
         x = np.arange(48, dtype="int32").reshape(16, 3) % 50

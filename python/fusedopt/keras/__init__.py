@@ -435,7 +435,9 @@ def _make_class(rule, spec):
         base))
 
 
-__all__ = _rules.define_classes(globals(), "KERAS", _make_class)
+__all__ = _rules.define_classes(globals(), "KERAS", _make_class) + ["Embedding"]
+
+from fusedopt.keras.layers import Embedding  # noqa: E402  (the layer beside the optimizers)
 
 
 def __dir__():  # the classes, not this module's plumbing
