@@ -52,13 +52,13 @@ def test_quick_benchmark_runs_every_scenario_and_contenders_agree(tmp_path):
                      "many_small", "aims"):
         assert scenario in results
     sparse = results["sparse"]
-    expected = {
-        "lazy_adam": {"fusedopt (raw op)", "composed gather/scatter", "tf.keras Adam",
-                      "tf.compat.v1 AdamOptimizer"},
-        "adagrad": {"fusedopt (raw op)", "composed gather/scatter",
-                    "TF ResourceSparseApplyAdagradV2 (+dedup)", "tf.keras Adagrad"},
-        "adamax": {"fusedopt (raw op)", "composed gather/scatter", "tf.keras Adamax"},
-    }
+    from fusedopt.bench.contenders import COMPOSED_TF_OPS, ORACLE_COMPOSITION
+    # Every rule beside its composition in TF ops; the tests' slower oracle is not timed.
+    expected = {rule: {"fusedopt (raw op)", COMPOSED_TF_OPS} for rule in sparse}
+    expected["lazy_adam"] |= {"tf.keras Adam", "tf.compat.v1 AdamOptimizer"}
+    expected["adagrad"] |= {"TF ResourceSparseApplyAdagradV2 (+dedup)", "tf.keras Adagrad"}
+    expected["adamax"] |= {"tf.keras Adamax"}
+    assert not any(ORACLE_COMPOSITION in rows for rows in sparse.values())
     if importlib.util.find_spec("torch") is not None:
         expected["lazy_adam"].add("torch SparseAdam")
     if importlib.util.find_spec("tensorflow_addons") is not None:
@@ -142,6 +142,47 @@ def test_a_mismatch_in_any_contender_table_fails_the_run():
         assert cli.mismatches(broken) == [(block, key, "other")]
     broken = dict(results, many_small={"other": {"match": False}})
     assert cli.mismatches(broken) == [("many_small", "other")]
+
+
+def test_the_plain_tf_anchor_is_the_fastest_composition_present_and_named():
+    """Ratios against "the same update in plain TF ops" use the fastest composition of TF
+    ops in the table, whichever it is, and name it: in the report, the aims, the headline."""
+    from fusedopt.bench import aims, headline, report
+    from fusedopt.bench.contenders import COMPOSED_TF_OPS, fastest_composition
+
+    def row(ms):
+        return {"median_ms": ms, "min_ms": ms, "max_ms": ms, "x_fusedopt": ms / 2.0,
+                "semantics": "lazy", "max_rel_error": 0.0, "match": True}
+
+    lazy = {"fusedopt (raw op)": row(2.0), COMPOSED_TF_OPS: row(6.0),
+            "tensorflow_addons LazyAdam": row(4.2), "tf.keras Adam": row(300.0),
+            "torch SparseAdam": row(1.0), "_meta": {"unique_ids_per_step": 100}}
+    assert fastest_composition("lazy_adam", lazy) == ("tensorflow_addons LazyAdam", lazy[
+        "tensorflow_addons LazyAdam"])  # torch's is faster, but not TF ops; Keras's is dense
+    sparse = {"lazy_adam": lazy,
+              "adagrad": {"fusedopt (raw op)": row(2.0), COMPOSED_TF_OPS: row(5.0),
+                          "tf.keras Adagrad": row(7.0),
+                          "TF ResourceSparseApplyAdagradV2 (+dedup)": row(3.0),
+                          "_meta": {}}}
+    table = "\n".join(report.contender_table("Sparse", "sparse", sparse, developer=False))
+    assert ("the fastest of the same lazy update in composed TF ops: tensorflow_addons "
+            "LazyAdam, 2.10x fusedopt's step time") in table
+    assert (f"the fastest of the same lazy update in composed TF ops: {COMPOSED_TF_OPS}, "
+            "2.50x fusedopt's step time") in table
+    anchor = [a for a in aims.sparse_aims(sparse) if "composition of TF ops" in a["aim"]]
+    assert anchor == [aims.aim("sparse LazyAdam vs the fastest composition of TF ops: "
+                               "tensorflow_addons LazyAdam", 2.1, 2)]
+    assert headline.composition_line("lazy_adam", lazy) == (
+        "  Fastest above in plain TF ops with the same lazy update (only the step's rows "
+        "change): tensorflow_addons LazyAdam, 2.1x slower than fusedopt")
+    del lazy["tensorflow_addons LazyAdam"]  # where tensorflow-addons is not installed
+    assert headline.composition_line("lazy_adam", lazy) == (
+        "  Fastest above in plain TF ops with the same lazy update (only the step's rows "
+        "change): the same lazy update in plain TF ops (tensorflow-addons style), 3.0x slower "
+        "than fusedopt")
+    del lazy[COMPOSED_TF_OPS]
+    assert headline.composition_line("lazy_adam", lazy) is None
+    assert aims.sparse_aims(sparse)[1]["value"] is None  # not measured, not a failure
 
 
 def test_memory_bandwidth_probe_validates_and_measures():
@@ -308,7 +349,8 @@ def test_missing_peers_are_named_once_with_how_to_install_them(monkeypatch):
     monkeypatch.setattr(libraries, "tensorflow_addons", lambda: None)
     assert libraries.missing_peers("2.21.0") == [
         "PyTorch (pip install torch)",
-        "Keras 2's optimizers (pip install --no-deps tf-keras==2.21.*)"]
+        "Keras 2's optimizers (pip install --no-deps tf-keras==2.21.*)",
+        "tensorflow-addons' LazyAdam (it needs TensorFlow 2.15 or older)"]
     assert libraries.missing_peers("2.15.1")[-1] == \
         "tensorflow-addons' LazyAdam (pip install tensorflow-addons)"
 
@@ -344,10 +386,15 @@ def test_headline_at_tiny_sizes_prints_stages_and_a_summary(tmp_path):
     summary = out[out.index("\nSummary\n"):]
     assert "a 3,000 x 8 table" in summary  # the size given; the others --quick's
     for row in ("fusedopt.keras.LazyAdam", "tf.keras Adam", "tf.compat.v1 AdamOptimizer",
-                "the same lazy update in plain TF ops", "keras.optimizers.Adam",
+                "the same lazy update in plain TF ops (tensorflow-addons style)",
+                "keras.optimizers.Adam",
                 "fusedopt.keras.RowWiseAdagrad"):
         assert re.search(r"^  %s  " % re.escape(row), summary, re.M), (row, summary)
     assert "torch" not in summary
+    # The plain-TF anchor named, the fastest composition of TF ops that ran.
+    assert re.search(r"^  Fastest above in plain TF ops with the same lazy update \(only the "
+                     r"step's rows change\): .+, (about the same as|[\d,.]+x (slower|faster) "
+                     r"than) fusedopt$", summary, re.M), summary
     assert re.fullmatch(r"Plot: not drawn \(matplotlib is not installed\): pip install "
                         r"matplotlib \(or pip install '\S*fusedopt\S*\[plot\]'\) for the plot",
                         out.rstrip().splitlines()[-1]), out

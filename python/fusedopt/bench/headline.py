@@ -6,7 +6,8 @@ step), for one optimizer rule (``--optimizer``, default lazy_adam):
 1. the sparse step: fusedopt's Keras class against every other implementation of the rule
    installed here (Keras, ``tf.compat.v1``, tf_keras, tensorflow-addons, torch, the same
    update in plain TF ops), each first checked to give fusedopt's numbers (the sparse
-   scenario's contenders, ``sparse.rule_contenders``);
+   scenario's contenders, ``sparse.rule_contenders``), and the fastest of those written in
+   plain TF ops named (``contenders.fastest_composition``);
 2. a dense step on one variable (``dense_params``): fusedopt's op against TF's fused kernel,
    Keras and torch (``dense.rule_contenders``);
 3. the optimizer state each optimizer class keeps for the table (``state.STATE_CONTENDERS``,
@@ -25,7 +26,7 @@ import numpy as np
 from fusedopt._console import Progress, Stages
 from fusedopt.bench import dense, sparse
 from fusedopt.bench.config import LR, THREADS
-from fusedopt.bench.contenders import RULES
+from fusedopt.bench.contenders import COMPOSED_TF_OPS, RULES, fastest_composition
 from fusedopt.bench.report import megabytes
 from fusedopt.bench.state import STATE_CONTENDERS, make_table, state_of
 
@@ -44,7 +45,7 @@ EXPECTED = {"problem": "a few seconds", "sparse": "about 2 minutes",
 
 # Contender names of the sparse and dense scenarios, as a user reads them in the summary.
 LABELS = {"fusedopt (raw op)": "fusedopt's op, called directly",
-          "composed gather/scatter": "the same lazy update in plain TF ops"}
+          COMPOSED_TF_OPS: "the same lazy update in plain TF ops (tensorflow-addons style)"}
 
 
 def sizes(args):
@@ -174,6 +175,19 @@ def _times(ratio):
     return f"{1 / ratio:.1f}x faster"
 
 
+def composition_line(rule, rows):
+    """The sparse step's plain-TF anchor in words: the fastest implementation here that
+    composes the same update of TensorFlow ops, against fusedopt; None if none ran."""
+    fastest = fastest_composition(rule, rows)
+    if fastest is None:
+        return None
+    name, row = fastest
+    against = _times(row["x_fusedopt"])
+    against += " as fusedopt" if against == "about the same" else " than fusedopt"
+    return (f"  Fastest above in plain TF ops with the same lazy update (only the step's rows "
+            f"change): {LABELS.get(name, name)}, {against}")
+
+
 def timing_table(rows):
     """[(label, ms, against fusedopt, note)] of a scenario's rows, fusedopt's first."""
     out = []
@@ -202,6 +216,7 @@ def summary(headline):
              f"({meta['unique_ids_per_step']:,} distinct)"]
     lines += _aligned(("implementation", "ms per step", "against fusedopt", ""),
                       timing_table(headline["sparse"]))
+    lines += filter(None, [composition_line(rule, headline["sparse"])])
     lines += ["", f"Dense step ({rule}): one variable of {meta['dense_params']:,} parameters"]
     dense_rows = timing_table(headline["dense"])
     lines += _aligned(("implementation", "ms per step", "against fusedopt", ""), dense_rows)

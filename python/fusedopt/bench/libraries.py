@@ -58,6 +58,8 @@ def missing_peers(tf_version):
         out.append("PyTorch (pip install torch)")
     if tf_keras() is None:
         out.append(f"Keras 2's optimizers (pip install --no-deps tf-keras=={minor}.*)")
-    if tuple(int(x) for x in tf_version.split(".")[:2]) <= (2, 15) and tensorflow_addons() is None:
+    if tuple(int(x) for x in tf_version.split(".")[:2]) > (2, 15):
+        out.append("tensorflow-addons' LazyAdam (it needs TensorFlow 2.15 or older)")
+    elif tensorflow_addons() is None:
         out.append("tensorflow-addons' LazyAdam (pip install tensorflow-addons)")
     return out
