@@ -54,7 +54,7 @@ def test_a_tiny_sweep_reports_what_fits_and_what_does_not(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert report in run.stdout
     assert "| keras.optimizers.Adam | 96 (32 + 64) | 1,000 rows (" in report
-    assert "| 1,000,000 rows (table + state 96 MB) |" in report
+    assert "| 1,000,000 rows: failed %s (table + state 96 MB) |" % large["stage"] in report
     assert f"does not fit in 100 MB: an allocation failed {large['stage']}" in report
     assert [w for w in NOT_FOR_USERS if w in run.stdout] == [], run.stdout
 
@@ -122,7 +122,7 @@ def test_the_summary_takes_the_largest_fit_and_the_smallest_miss():
     assert summary == {"bytes_per_row": 132, "table_bytes_per_row": 128,
                        "state_bytes_per_row": 4, "largest_fit_rows": 30,
                        "steps_per_s_there": 4.0, "peak_GB_there": 30 * 1e-7,
-                       "smallest_miss_rows": 100}
+                       "smallest_miss_rows": 100, "smallest_miss_stage": "making the table"}
     nothing = largest_table._summary([{"rows": 5, "outcome": "does not fit"}], 32)
     assert nothing["largest_fit_rows"] is None and nothing["bytes_per_row"] is None
 
@@ -169,3 +169,33 @@ def test_sweep_flags_pick_sizes_and_optimizers():
     assert quick.largest_table == list(largest_table.QUICK_ROWS)
     assert quick.contenders == list(largest_table.CONTENDERS)
     assert "--largest-table" in cli.parser().format_help()
+
+
+def test_an_allocation_error_is_named_by_its_line_that_says_so():
+    from fusedopt.bench.largest_table import error_words, out_of_memory
+
+    class ResourceExhaustedError(Exception):
+        pass
+
+    error = ResourceExhaustedError(
+        "Graph execution error:\n\n{{function_node __wrapped__Fill_device_/job:localhost}} "
+        "OOM when allocating tensor with shape[100,32] and type float")
+    assert out_of_memory(error) and not out_of_memory(ValueError("bad shape"))
+    assert error_words(error) == ("ResourceExhaustedError: OOM when allocating tensor with "
+                                  "shape[100,32] and type float")
+
+
+RECORDED = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "bench",
+                        "largest_table.json")
+
+
+def test_the_recorded_sweep_reads_for_users():
+    from fusedopt.bench import largest_table
+
+    with open(RECORDED) as f:
+        recorded = json.load(f)
+    report = largest_table.markdown(recorded["largest_table"], recorded["environment"],
+                                    "python -m fusedopt.bench --largest-table")
+    assert [w for w in NOT_FOR_USERS if w in report] == [], report
+    assert "| fusedopt.keras.RowWiseAdagrad | 132 (128 + 4) | 150,000,000 rows" in report
+    assert report.count("\n| keras.optimizers.Adam |") == 2  # the summary and the grid

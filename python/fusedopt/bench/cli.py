@@ -409,8 +409,8 @@ def run_largest_table(args, argv):
     print("Memory available now: " + ("unknown" if available is None else
                                       f"{available / 1e9:,.1f} GB")
           + "; each run may allocate " + (f"{args.memory_limit:g} GB" if args.memory_limit
-                                          else f"what is available when it starts, less "
-                                               f"{largest_table.KEEP_FREE / 1e9:g} GB")
+                                          else f"what is available when it starts (less "
+                                               f"{largest_table.KEEP_FREE / 1e9:g} GB)")
           + " beyond TensorFlow's start-up", flush=True)
     os.makedirs(args.out, exist_ok=True)
     memory_limit = None if args.memory_limit is None else int(args.memory_limit * 1e9)

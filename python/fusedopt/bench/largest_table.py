@@ -158,6 +158,8 @@ def error_words(error, limit=300):
     with shape[...]" rather than its "Graph execution error:" heading."""
     lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()] or [""]
     line = next((x for x in lines if any(word in x for word in OUT_OF_MEMORY_WORDS)), lines[0])
+    if line.startswith("{{") and "}}" in line:  # TensorFlow's "{{function_node ...}}" prefix
+        line = line.split("}}", 1)[1].strip()
     return f"{type(error).__name__}: {line}"[:limit]
 
 
@@ -310,7 +312,8 @@ def _summary(points, dim):
             "largest_fit_rows": largest and largest["rows"],
             "steps_per_s_there": largest and largest["steps_per_s"],
             "peak_GB_there": largest and largest["peak_MB"] / 1e3,
-            "smallest_miss_rows": smallest_miss and smallest_miss["rows"]}
+            "smallest_miss_rows": smallest_miss and smallest_miss["rows"],
+            "smallest_miss_stage": smallest_miss and smallest_miss.get("stage")}
 
 
 def run(cfg, rows, names, memory_limit, stages):
@@ -365,7 +368,9 @@ def markdown(sweep, environment, command):
     """The report: a summary table per optimizer, then every point."""
     meta = sweep["_meta"]
     dim = meta["dim"]
-    entries = {k: v for k, v in sweep.items() if not k.startswith("_")}
+    # Summaries recomputed from the points: a file an earlier version wrote reads the same.
+    entries = {k: {**v, **_summary(v["points"], dim)} for k, v in sweep.items()
+               if not k.startswith("_")}
     caps = sorted({p["memory_limit_GB"] for e in entries.values() for p in e["points"]
                    if "memory_limit_GB" in p})
     cap_words = (size_words(caps[0] * GB) if len(caps) == 1 else
@@ -397,10 +402,12 @@ def markdown(sweep, environment, command):
         per_row = e["bytes_per_row"]
         largest = e["largest_fit_rows"]
         miss = e["smallest_miss_rows"]
-        if miss is not None and per_row is not None:
-            miss_words = f"{miss:,} rows (table + state {size_words(miss * per_row)})"
+        if miss is None:
+            miss_words = "none: every size tried fit"
         else:
-            miss_words = f"{miss:,} rows" if miss is not None else "none tried"
+            miss_words = f"{miss:,} rows" + (
+                f": failed {e['smallest_miss_stage']}" if e["smallest_miss_stage"] else "") + (
+                f" (table + state {size_words(miss * per_row)})" if per_row is not None else "")
         lines.append(
             f"| {label} | " + ("not measured" if per_row is None else
                                f"{per_row:,.4g} ({4 * dim} + {per_row - 4 * dim:,.4g})")
