@@ -51,6 +51,7 @@ def test_only_the_second_stage_sets_the_variable():
 ONCE_TESTS = {
     "tests/builds/test_bench.py",
     "tests/builds/test_bench_fbgemm.py",
+    "tests/builds/test_bench_largest_table.py",
     "tests/builds/test_bench_state.py",
     "tests/builds/test_experiments.py",
     "tests/builds/test_gpu_check.py",

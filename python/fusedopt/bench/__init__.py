@@ -12,7 +12,11 @@ Runs (``cli``): the full run below, reported for users (no aims, peers that are 
 installed named once); ``--aims`` adds the project's own targets (``aims``) to
 results.json and the report, for its developers and CI; ``--headline`` (``headline``):
 the sparse step, a dense step and each optimizer's state on one problem, at the user's
-``--rows --dim --batch --optimizer``, in 2-3 minutes (``<out>/headline.json``).
+``--rows --dim --batch --optimizer``, in 2-3 minutes (``<out>/headline.json``);
+``--largest-table ROWS...`` (``largest_table``): the largest table each optimizer trains on
+this machine, every (optimizer, rows) point in a child process capped at the memory
+available, so that a table that does not fit is an outcome, not a crash
+(``<out>/largest_table.json``).
 
 Scenarios: sparse embedding step (every rule), the sparse step under XLA (jit_compile)
 at two table sizes, dense step, scaling with touched rows and with table rows, achieved
@@ -25,8 +29,8 @@ peak, one child per optimizer: ~14 GB of memory for Keras's Adam) and ``converge
 
 Modules: ``contenders`` (who runs, per rule: the one table to extend), ``sparse``,
 ``dense``, ``memory``, ``fbgemm_scenario``, ``state``, ``convergence`` (the scenarios), ``timing`` (checks and interleaved timing),
-``aims``, ``report`` (markdown, plot), ``headline``, ``cli`` (flags, results.json),
-``config``.
+``aims``, ``report`` (markdown, plot), ``headline``, ``largest_table``, ``cli`` (flags,
+results.json), ``config``.
 """
 from fusedopt.bench.cli import SCENARIOS, main
 from fusedopt.bench.memory import huge_pages_available

@@ -3,7 +3,9 @@
 Runs: the full run (every scenario, or those ``--scenarios`` names), reported for users;
 ``--aims`` adds the project's own performance targets (``aims.py``) to results.json and the
 report (for fusedopt's developers and CI); ``--headline`` (``headline.py``): the few
-numbers a user asks first, at the user's sizes (``--rows --dim --batch --optimizer``).
+numbers a user asks first, at the user's sizes (``--rows --dim --batch --optimizer``);
+``--largest-table ROWS...`` (``largest_table.py``): the largest table each optimizer trains
+here, one child process per optimizer and table size.
 ``--quick``: tiny sizes, every run (the tests' and CI's smoke runs).
 """
 import argparse
@@ -17,7 +19,7 @@ import warnings
 
 from fusedopt import _console
 from fusedopt.bench import dense, fbgemm, fbgemm_scenario, headline, libraries, memory, sparse
-from fusedopt.bench import convergence, state
+from fusedopt.bench import convergence, largest_table, state
 from fusedopt.bench.aims import aims
 from fusedopt.bench.config import THREADS, sizes
 from fusedopt.bench.contenders import RULES
@@ -60,11 +62,15 @@ timed in turn, in one process, several rounds each.
       memory each optimizer keeps (1,000,000 x 64 table, 16,384 ids per step)
   {PROG} --headline --rows 5000000 --dim 32 --batch 4096 --optimizer adagrad
       the same at your sizes (--rows, --dim, --batch or --optimizer alone imply --headline)
+  {PROG} --largest-table 10M 30M 100M --dim 32
+      the largest table each optimizer trains on this machine: every optimizer at every
+      size in a process of its own, capped at the memory available (minutes per size)
   {PROG}
       every scenario at full size: {FULL_RUN_COST}
 
-Results go to --out (results.json, or headline.json with --headline) with a plot where
-matplotlib is installed (pip install matplotlib, or fusedopt's [plot] extra).
+Results go to --out (results.json, headline.json with --headline, largest_table.json with
+--largest-table) with a plot where matplotlib is installed (pip install matplotlib, or
+fusedopt's [plot] extra).
 """
 
 
@@ -99,7 +105,8 @@ def parser():
     p.add_argument("--headline", action="store_true",
                    help="the main numbers only, in 2-3 minutes, with a summary table")
     sizes_group = p.add_argument_group(
-        "your own sizes (for --headline; any of them alone implies --headline)")
+        "your own sizes (for --headline: any of them alone implies it; --dim and --batch "
+        "also size --largest-table)")
     defaults = headline.SIZES
     sizes_group.add_argument("--rows", type=_console.whole_number,
                              help=f"rows of the embedding table (default: {defaults['rows']:,})")
@@ -110,12 +117,29 @@ def parser():
                                   f"{defaults['batch']:,})")
     sizes_group.add_argument("--optimizer", type=_optimizer, metavar="NAME",
                              help=f"{' | '.join(RULES)} (default: {defaults['optimizer']})")
+    sweep = p.add_argument_group("the largest table each optimizer trains")
+    sweep.add_argument("--largest-table", nargs="*", type=largest_table.table_rows,
+                       metavar="ROWS",
+                       help="train a table of each size with each optimizer, every one in a "
+                            "process of its own that may use only the memory available, and "
+                            "report the largest that trained (rows as 30000000, 30M or 500K; "
+                            "default: " + " ".join(f"{n // 10**6}M" for n in
+                                                   largest_table.DEFAULT_ROWS)
+                            + "; --dim 32 and --batch 16,384 unless given)")
+    sweep.add_argument("--contenders", metavar="LIST",
+                       help="comma-separated optimizers for --largest-table, from: "
+                            + ", ".join(largest_table.CONTENDERS) + " (default: all)")
+    sweep.add_argument("--memory-limit", type=float, metavar="GB",
+                       help="for --largest-table: memory each run may allocate beyond "
+                            "TensorFlow's start-up (default: what the machine has available "
+                            f"then, less {largest_table.KEEP_FREE / 1e9:g} GB)")
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes, to check that everything runs (what the tests use): "
                         "seconds with --headline, a few minutes without; the numbers mean "
                         "nothing")
     p.add_argument("--out", default="bench_results",
-                   help="folder for results.json (headline.json) and the plot")
+                   help="folder for results.json (headline.json, largest_table.json) and the "
+                        "plot")
     p.add_argument("--markdown", metavar="FILE", help="also write the report to FILE")
     p.add_argument("--scenarios", metavar="LIST",
                    help="comma-separated part of the full run, from: " + ", ".join(SCENARIOS)
@@ -127,6 +151,7 @@ def parser():
     p.add_argument("--table-scaling-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument(state.CHILD_FLAG, type=int, metavar="INDEX", help=argparse.SUPPRESS)
     p.add_argument("--fbgemm-child", type=int, metavar="THREADS", help=argparse.SUPPRESS)
+    p.add_argument(largest_table.CHILD_FLAG, metavar="SPEC", help=argparse.SUPPRESS)
     return p
 
 
@@ -143,19 +168,35 @@ def check_memory(p, cfg):
 
 def available_memory():
     """MemAvailable in bytes (Linux), or None."""
+    return largest_table.mem_available()
+
+
+def check_largest_table(p, args):
+    """The --largest-table run's own checks (one line each): what it takes, what not."""
+    if args.headline or args.scenarios or args.aims:
+        p.error("--largest-table is a run of its own: not with --headline, --scenarios or "
+                "--aims")
+    for name in ("rows", "optimizer"):
+        if getattr(args, name) is not None:
+            p.error(f"--{name} sizes the headline run; --largest-table takes its table sizes "
+                    "itself (--largest-table 10M 30M 100M) and --contenders its optimizers")
     try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+        args.contenders = largest_table.check_names(args.contenders)
+    except ValueError as e:
+        p.error(f"--contenders: {e}")
+    if args.memory_limit is not None and not args.memory_limit > 0:
+        p.error(f"--memory-limit must be above 0 GB, not {args.memory_limit:g}")
+    args.largest_table = sorted(set(args.largest_table or largest_table.default_rows(args.quick)))
+    return args
 
 
 def parse_args(argv):
     p = parser()
     args = p.parse_args(argv)
+    if args.largest_table is not None:
+        return check_largest_table(p, args)
+    if args.contenders or args.memory_limit is not None:
+        p.error("--contenders and --memory-limit go with --largest-table")
     sized = [f"--{name}" for name in headline.USER_SIZES if getattr(args, name) is not None]
     if sized and not args.headline:
         if args.scenarios or args.aims:
@@ -353,8 +394,54 @@ def run_headline(args, argv):
     return 0
 
 
+def run_largest_table(args, argv):
+    """The --largest-table run: no TensorFlow in this process (each point's child starts its
+    own), so this process holds none of the memory being measured."""
+    cfg = largest_table.sizes(args.quick, args.dim, args.batch)
+    rows, names = args.largest_table, args.contenders
+    points = len(rows) * len(names)
+    available = largest_table.mem_available()
+    print(f"fusedopt benchmark: the largest table each optimizer trains: {len(names)} "
+          f"optimizer{'s' * (len(names) > 1)} x {len(rows)} table size"
+          f"{'s' * (len(rows) > 1)}, each in a process of its own"
+          + (" (--quick: tiny sizes, the numbers mean nothing)" if args.quick else ""),
+          flush=True)
+    print("Memory available now: " + ("unknown" if available is None else
+                                      f"{available / 1e9:,.1f} GB")
+          + "; each run may allocate " + (f"{args.memory_limit:g} GB" if args.memory_limit
+                                          else f"what is available when it starts (less "
+                                               f"{largest_table.KEEP_FREE / 1e9:g} GB)")
+          + " beyond TensorFlow's start-up", flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    memory_limit = None if args.memory_limit is None else int(args.memory_limit * 1e9)
+    start_environment = {"load_average_at_start": os.getloadavg(),
+                         "mem_available_at_start_GB": (available or 0) / 1e9,
+                         "quick": args.quick}
+    sweep = largest_table.run(cfg, rows, names, memory_limit, _console.Stages(points))
+    results = {"environment": {**largest_table.environment(cfg, sweep), **start_environment},
+               "largest_table": sweep}
+    path = os.path.join(args.out, "largest_table.json")
+    save(results, args.out, path)
+    report = largest_table.markdown(sweep, results["environment"], command_line(argv))
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(report)
+    print("\n" + report)
+    print(f"Results: {path}")
+    failed = [(label, p["rows"]) for label, e in sweep.items() if not label.startswith("_")
+              for p in e["points"] if p["outcome"] == largest_table.FAILED]
+    if failed:
+        print("runs that failed for a reason other than memory:", failed, file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.largest_table_child is not None:  # run by largest_table.run_point, one point
+        return largest_table.child(args.largest_table_child, import_tensorflow)
+    if args.largest_table is not None:
+        return run_largest_table(args, argv)
     child = args.table_scaling_child or args.state_memory_child is not None or args.fbgemm_child
     if child:
         tf = import_tensorflow(args.fbgemm_child or THREADS)

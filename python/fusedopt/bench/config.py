@@ -33,3 +33,14 @@ def embedding_sizes(quick):
     return dict(state=dict(rows=10_000_000, dim=64, ids=16_384, warmup=2, steps=30),
                 convergence=dict(rows=200_000, dim=16, features=4, hidden=32, batch=1024,
                                  steps=10_000, evals=5, held_out=65_536))
+
+
+def largest_table_sizes(quick):
+    """The --largest-table sweep's table width, ids per step and steps (its rows are the
+    command line's): up to `steps` timed steps, at least `min_steps`, stopping after
+    `budget_s` (Keras's dense Adam takes seconds a step on the large tables)."""
+    if quick:
+        return dict(dim=8, batch=300, warmup=1, steps=2, min_steps=2, budget_s=10.0,
+                    huge_pages_wait_s=5.0, timeout_s=300.0)
+    return dict(dim=32, batch=16_384, warmup=2, steps=20, min_steps=3, budget_s=20.0,
+                huge_pages_wait_s=120.0, timeout_s=1800.0)
