@@ -2,7 +2,8 @@
 
 Each example is a (user, item) pair and whether the user clicked. User and item ids are
 drawn from Zipf distributions, as in real logs: a few are very frequent, most are rare.
-The model is two embedding tables, their dot product and a logistic output. It is trained
+The model is two embedding tables (`fusedopt.keras.Embedding`: Keras's layer, looking rows
+up without copying the table), their dot product and a logistic output. It is trained
 twice from the same weights on the same batches: once with `fusedopt.keras.LazyAdam`, once
 with `keras.optimizers.Adam`, the class it replaces. The script prints each run's loss,
 time per step, and how many rows of the user table one more step changed: LazyAdam moves
@@ -54,8 +55,10 @@ def build_model(users, items, dim):
     keras.utils.set_random_seed(1)  # the same initial weights for every optimizer
     user = keras.Input((), dtype="int32", name="user")
     item = keras.Input((), dtype="int32", name="item")
-    u = keras.layers.Embedding(users, dim, name="user_table")(user)
-    i = keras.layers.Embedding(items, dim, name="item_table")(item)
+    # fusedopt's Embedding: Keras's layer, looking rows up without copying the whole table
+    # each step (Keras 3's own layer does, once sparse updates write the table), for both.
+    u = fusedopt.keras.Embedding(users, dim, name="user_table")(user)
+    i = fusedopt.keras.Embedding(items, dim, name="item_table")(item)
     score = keras.layers.Dot(axes=1)([u, i])
     clicked = keras.layers.Dense(1, activation="sigmoid")(score)
     return keras.Model({"user": user, "item": item}, clicked)

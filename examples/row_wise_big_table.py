@@ -45,8 +45,10 @@ def main(argv=None):
         sys.exit("This example needs Keras 3 (TensorFlow 2.16 or later); Keras 2 has the same "
                  "class in fusedopt.keras.legacy.")
     ids = keras.Input((), dtype="int32")
-    table = keras.layers.Embedding(args.rows, args.dim, embeddings_initializer="zeros",
-                                   name="table")
+    # Keras's Embedding, looking rows up without copying the table every step (Keras 3's
+    # own layer reads it whole, and TF copies it for that once sparse updates write it).
+    table = fusedopt.keras.Embedding(args.rows, args.dim, embeddings_initializer="zeros",
+                                     name="table")
     score = keras.layers.Dense(1, activation="sigmoid")(table(ids))
     model = keras.Model(ids, score)
     optimizer = fusedopt.keras.RowWiseAdagrad(args.lr, slot_dtype="bfloat16")
