@@ -17,12 +17,13 @@ in the main thread). The calling process is meant to be the chief: the cluster h
 
 The servers stay in this process's process group, so a Ctrl-C typed in the terminal or a
 signal sent to the group reaches them too. Only a SIGKILL of this process alone leaves them
-running (nothing can run then to stop them): ``cluster.pids()`` lists them.
+running: nothing can run then to stop them.
 
 TensorFlow's server listens on every network interface of the machine, whatever address the
 cluster names, and it is unauthenticated: start a cluster only where its ports cannot be
 reached from other machines (docs/guides/distributed.md, "Security").
 """
+import contextlib
 import json
 import os
 import signal
@@ -33,7 +34,8 @@ import tempfile
 import threading
 import time
 
-__all__ = ["LocalCluster", "free_ports", "process_memory", "reset_peak_memory"]
+__all__ = ["LocalCluster", "ServerNotServing", "free_ports", "process_memory",
+           "reset_peak_memory"]
 
 # Signals that end a process by default without running its cleanup; while a cluster runs
 # they raise SystemExit instead, so that the servers are stopped first.
@@ -82,6 +84,15 @@ def reset_peak_memory(pid):
     return True
 
 
+class ServerNotServing(RuntimeError):
+    """A server of a LocalCluster exited, or did not serve in time. ``summary``: one line
+    saying which and why; ``log``: the end of what it wrote (also in the message)."""
+
+    def __init__(self, summary, log):
+        super().__init__(summary + "\nits log:\n" + log)
+        self.summary, self.log = summary, log
+
+
 class _Server:
     """One started task: its process, log file and address."""
 
@@ -102,14 +113,21 @@ class _Server:
             return ""
         return text[-tail:] if tail else text
 
+    def reason(self):
+        """fusedopt.server's last line of its own ("fusedopt.server: ..."), which says why
+        it stopped, or else the last line it wrote."""
+        lines = [line.strip() for line in self.log(tail=3000).splitlines() if line.strip()]
+        own = [line for line in lines if line.startswith("fusedopt.server: ")]
+        return (own or lines or ["(it wrote nothing)"])[-1]
+
 
 class LocalCluster:
     """``num_ps`` parameter servers and ``num_workers`` workers on 127.0.0.1, each a
     ``python -m fusedopt.server`` process, plus a ``chief`` address for the caller.
 
     Use it as a context manager (or call ``start()`` and ``stop()``). ``start`` raises
-    RuntimeError, after stopping every process it started, when a server exits or does not
-    serve within ``timeout`` seconds; the message ends with that server's log.
+    ``ServerNotServing`` (a RuntimeError), after stopping every process it started, when a
+    server exits or does not serve within ``timeout`` seconds.
 
     Args:
       num_ps, num_workers: how many tasks of each job.
@@ -118,8 +136,13 @@ class LocalCluster:
       timeout: seconds to wait for all servers to serve.
       server_args: extra flags for every ``fusedopt.server`` (e.g.
         ``["--log_device_placement"]``).
-      env: the servers' environment (default: this process's). Its PYTHONPATH is kept, so
-        the servers import the same fusedopt as this process.
+      env: the servers' environment (default: this process's), with the folder this
+        fusedopt is imported from first on its PYTHONPATH: the servers load the same
+        package and op library as this process.
+
+    Attributes (once started): ``cluster``, the cluster spec ({"ps": ["127.0.0.1:PORT",
+    ...], "worker": [...], "chief": [...]}); ``servers``, each with ``name`` ("ps0"),
+    ``address``, ``process`` (its ``subprocess.Popen``) and ``log()``, what it wrote.
     """
 
     def __init__(self, num_ps=2, num_workers=2, workdir=None, timeout=120, server_args=(),
@@ -148,14 +171,6 @@ class LocalCluster:
     def pids(self):
         """{"ps0": pid, ...} of every server process started."""
         return {s.name: s.process.pid for s in self.servers}
-
-    def server(self, name):
-        return next(s for s in self.servers if s.name == name)
-
-    def memory(self):
-        """{"ps0": process_memory(pid), ...} of every server still running."""
-        return {s.name: process_memory(s.process.pid) for s in self.servers
-                if s.process.poll() is None}
 
     # -- starting and stopping ----------------------------------------------------------
 
@@ -194,18 +209,24 @@ class LocalCluster:
         for server in self.servers:
             while not os.path.exists(server.ready_path):
                 if server.process.poll() is not None:
-                    raise RuntimeError("%s (python -m fusedopt.server) exited with status %d "
-                                       "before serving; its log:\n%s"
-                                       % (server.name, server.process.returncode,
-                                          server.log(tail=3000)))
+                    raise ServerNotServing(
+                        "%s (python -m fusedopt.server) exited with status %d before serving: "
+                        "%s" % (server.name, server.process.returncode, server.reason()),
+                        server.log(tail=3000))
                 if time.monotonic() > deadline:
-                    raise RuntimeError("%s was not serving after %g s; its log:\n%s"
-                                       % (server.name, self.timeout, server.log(tail=3000)))
+                    raise ServerNotServing("%s was not serving after %g s: %s"
+                                           % (server.name, self.timeout, server.reason()),
+                                           server.log(tail=3000))
                 time.sleep(0.1)
 
     def stop(self, grace=10):
         """Stops every server (SIGTERM, then SIGKILL after `grace` seconds) and waits for
-        it to end. Safe to call more than once."""
+        it to end. Safe to call more than once; a second Ctrl-C (or a stop signal) while it
+        runs is ignored, so that it does not leave servers behind."""
+        with _signals_ignored((signal.SIGINT,) + _STOP_SIGNALS):
+            self._stop(grace)
+
+    def _stop(self, grace):
         for server in self.servers:
             if server.process.poll() is None:
                 server.process.terminate()
@@ -249,6 +270,20 @@ class LocalCluster:
     def _restore_signal_handlers(self):
         while self._previous_handlers:
             signum, handler = self._previous_handlers.popitem()
+            signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def _signals_ignored(signals):
+    """Ignores `signals` in the block (main thread only: elsewhere nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in signals}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
             signal.signal(signum, handler)
 
 

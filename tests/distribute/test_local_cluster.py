@@ -63,11 +63,15 @@ def test_a_server_that_cannot_start_stops_the_others(monkeypatch):
     monkeypatch.setattr(local_cluster, "free_ports", lambda n: ports[:n])
     cluster = LocalCluster(num_ps=1, num_workers=1, timeout=240)
     try:
-        with pytest.raises(RuntimeError, match=r"ps0 \(python -m fusedopt.server\) exited "
-                                               r"with status 3 before serving") as failed:
+        with pytest.raises(local_cluster.ServerNotServing) as failed:
             with cluster:
                 pytest.fail("the cluster started on a port in use")
-        assert "is the port in use?" in str(failed.value)
+        summary = failed.value.summary  # which server, and its own reason
+        assert summary.startswith("ps0 (python -m fusedopt.server) exited with status 3 "
+                                  "before serving: fusedopt.server: cannot serve "
+                                  "/job:ps/task:0"), summary
+        assert summary.endswith("is the port in use?") and "\n" not in summary, summary
+        assert failed.value.log in str(failed.value)
         assert [s.process.poll() is not None for s in cluster.servers] == [True, True]
     finally:
         taken.close()

@@ -201,6 +201,24 @@ def test_ps_bench_on_a_cluster_of_tf_config_leaves_it_running(tmp_path):
     assert "were started elsewhere: left running." in proc.stdout
 
 
+@needs_keras_2
+@pytest.mark.slow
+def test_ps_bench_whose_cluster_cannot_start_says_why_in_one_line(tmp_path):
+    """The servers cannot load the op library: the bench stops every server it started and
+    says which one failed and why, in one line, exit status 1."""
+    env = dict(_env(), FUSEDOPT_OPS_LIBRARY=str(tmp_path / "missing.so"))
+    proc = subprocess.run(_bench("--num-ps", "1", "--out", str(tmp_path)), env=env,
+                          cwd=str(tmp_path), capture_output=True, text=True, timeout=300,
+                          start_new_session=True)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-5000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr[-5000:]
+    assert lines[0].startswith("python -m fusedopt.bench: the parameter-server run failed "
+                               "(every server process it started is stopped): "
+                               "ps0 (python -m fusedopt.server) exited with status 1 before "
+                               "serving: fusedopt.server: cannot load the op library"), lines[0]
+
+
 def test_ps_flags_refused_in_one_line(capsys):
     from fusedopt.bench import cli
 
@@ -256,5 +274,25 @@ def test_ps_sizes_and_traffic():
     assert (cfg["rows"], cfg["num_ps"]) == (ps.SIZES["rows"], 4)
     assert ps.sizes(Namespace(quick=True, rows=20_000))["rows"] == 20_000
     traffic = ps.traffic_per_step(dict(batch=10, bag=3, dim=4))
-    assert traffic == {"ids": 30, "lookup_bytes": 30 * 16, "gradient_bytes": 30 * (16 + 8)}
+    assert traffic == {"ids": 30, "lookup_bytes": 30 * 16, "gradient_bytes": 30 * (16 + 4)}
     assert ps.task_of("/job:ps/replica:0/task:3/device:CPU:0") == "ps3"
+
+
+def test_the_recorded_run_is_what_benchmarks_md_shows():
+    """BENCHMARKS.md's tables of the parameter-server run are its report, from the raw
+    results it names (docs/bench/ps.json)."""
+    from fusedopt.bench import ps
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "docs", "bench", "ps.json")) as f:
+        results = json.load(f)
+    assert results["environment"]["config"]["rows"] == ps.SIZES["rows"]  # the default run
+    with open(os.path.join(root, "BENCHMARKS.md")) as f:
+        benchmarks = f.read()
+    text = ps.report(results, "python -m fusedopt.bench --ps")
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + 3 + 1 + 3 * 2, rows  # the headers, 3 optimizers, 3 x 2 ps
+    for line in rows:
+        assert line in benchmarks, line
+    assert "None" not in text and "nan" not in text
+

@@ -12,7 +12,9 @@ Runs (``cli``): the full run below, reported for users (no aims, peers that are 
 installed named once); ``--aims`` adds the project's own targets (``aims``) to
 results.json and the report, for its developers and CI; ``--headline`` (``headline``):
 the sparse step, a dense step and each optimizer's state on one problem, at the user's
-``--rows --dim --batch --optimizer``, in 2-3 minutes (``<out>/headline.json``).
+``--rows --dim --batch --optimizer``, in 2-3 minutes (``<out>/headline.json``); ``--ps``
+(``ps``): training on a parameter-server cluster of processes on this machine, examples per
+second and the bytes on each parameter server (``<out>/ps.json``).
 
 Scenarios: sparse embedding step (every rule), the sparse step under XLA (jit_compile)
 at two table sizes, dense step, scaling with touched rows and with table rows, achieved
@@ -25,7 +27,7 @@ peak, one child per optimizer: ~14 GB of memory for Keras's Adam) and ``converge
 
 Modules: ``contenders`` (who runs, per rule: the one table to extend), ``sparse``,
 ``dense``, ``memory``, ``fbgemm_scenario``, ``state``, ``convergence`` (the scenarios), ``timing`` (checks and interleaved timing),
-``aims``, ``report`` (markdown, plot), ``headline``, ``cli`` (flags, results.json),
+``aims``, ``report`` (markdown, plot), ``headline``, ``ps``, ``cli`` (flags, results.json),
 ``config``.
 """
 from fusedopt.bench.cli import SCENARIOS, main

@@ -67,7 +67,7 @@ timed in turn, in one process, several rounds each.
       training with parameter servers: a cluster of processes on this machine (2
       parameter servers, 2 workers), a 10,000,000 x 32 table split over the parameter
       servers, fusedopt's row-wise Adagrad and LazyAdam against Keras's Adam: examples per
-      second and the memory each parameter server holds (about 5 minutes, 10 GB)
+      second and the memory each parameter server holds (about 5 minutes, 15 GB)
 
 Results go to --out (results.json, headline.json with --headline, ps.json with --ps) with
 a plot where matplotlib is installed (pip install matplotlib, or fusedopt's [plot] extra).
@@ -178,8 +178,8 @@ def check_ps_memory(p, cfg):
     need, available = ps.memory_needed(cfg), available_memory()
     if available is not None and need > available:
         p.error(f"training a {cfg['rows']:,} x {cfg['dim']} table on {cfg['num_ps']} parameter "
-                f"servers needs about {need / 1e9:,.1f} GB here (the table, Adam's state and "
-                f"Keras Adam's temporaries, and {cfg['num_ps'] + cfg['workers'] + 1} "
+                f"servers needs about {need / 1e9:,.1f} GB here (the table, Adam's state, "
+                f"Keras Adam's whole-table temporaries, {cfg['num_ps'] + cfg['workers'] + 1} "
                 f"TensorFlow processes); {available / 1e9:,.1f} GB is available: try fewer "
                 "--rows or a smaller --dim")
 
@@ -468,15 +468,20 @@ def run_ps(args, argv):
               file=sys.stderr)
         finish(e.code if isinstance(e.code, int) else 1)
     except Exception as e:  # noqa: BLE001 - the cluster did not start, ...: one line
+        why = getattr(e, "summary", None) or ps.one_line(e)  # ServerNotServing's: which, why
         print(f"{PROG}: the parameter-server run failed (every server process it started "
-              f"is stopped): {ps.one_line(e)}", file=sys.stderr)
+              f"is stopped): {why}", file=sys.stderr)
         finish(1)
-    path = ps.save(results, args.out)
-    text = ps.report(results, command_line(argv))
-    print("\n" + text)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text + "\n")
+    try:
+        path = ps.save(results, args.out)
+        text = ps.report(results, command_line(argv))
+        print("\n" + text)
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write(text + "\n")
+    except OSError as e:  # --out or --markdown not writable
+        print(f"{PROG}: cannot write the results: {e}", file=sys.stderr)
+        finish(1)
     print(f"\nResults: {path}")
     ours_failed = [label for label, r in results["runs"].items()
                    if "error" in r and label.startswith("fusedopt")]

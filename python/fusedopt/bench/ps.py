@@ -33,6 +33,7 @@ TensorFlow 2.15.
 import gc
 import importlib.util
 import json
+import logging
 import os
 import platform
 import sys
@@ -125,11 +126,12 @@ PROCESS_BYTES = 700e6
 
 
 def memory_needed(cfg):
-    """Bytes the whole cluster holds at its peak, about: the table, Adam's two table-sized
-    slots, and Keras Adam's whole-table temporaries (its sparse update rewrites every row:
-    about two more), plus each process's runtime."""
+    """Bytes the whole cluster holds at its peak, about: Keras Adam's step, whose update
+    rewrites every row of the table and of its two slots through whole-shard temporaries
+    (measured: each parameter server peaked at 8.3 times its shard of the table above its
+    runtime, 10M x 32 on 2 parameter servers), plus each process's runtime."""
     table = 4 * cfg["rows"] * cfg["dim"]
-    return 5 * table + PROCESS_BYTES * (cfg["num_ps"] + cfg["workers"] + 1)
+    return 9 * table + PROCESS_BYTES * (cfg["num_ps"] + cfg["workers"] + 1)
 
 
 def use_keras_2():
@@ -339,11 +341,50 @@ def keras_name(tf):
     return f"{root} {getattr(tf.keras, '__version__', '') or __import__(root).__version__}"
 
 
+def train_every_contender(cluster, cfg, stages, progress, results):
+    """This process as the cluster's chief: each contender's run, into `results`."""
+    import numpy as np
+
+    stages.begin("Starting TensorFlow and connecting to the cluster as its chief")
+    if results["cluster"]["started_here"]:
+        os.environ["TF_CONFIG"] = cluster.tf_config("chief")
+    tf = _console.import_tensorflow()
+    import fusedopt.keras  # noqa: F401 (the optimizers; loads the op library here too)
+
+    results["environment"] = environment(tf, cfg)
+    num_ps = cfg["num_ps"]
+
+    def one_shard_per_ps_for_the_table(shape, dtype):
+        """The table (its rows) split in one shard per parameter server; the small
+        variables whole, each on one parameter server."""
+        big = shape[0] >= cfg["rows"]
+        return [num_ps if big else 1] + [1] * (len(shape) - 1)
+
+    strategy = tf.distribute.ParameterServerStrategy(
+        tf.distribute.cluster_resolver.TFConfigClusterResolver(),
+        variable_partitioner=one_shard_per_ps_for_the_table)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    data = make_data(np, cfg, seed=1)
+    results["data"] = {"ids_per_step": cfg["batch"] * cfg["bag"],
+                       "distinct_ids_per_step": distinct_ids_per_step(np, data[0], cfg),
+                       "zipf_a": 1.1}
+    stages.end(f"TensorFlow {tf.__version__}, {keras_name(tf)}")
+    for contender in CONTENDERS:
+        label = contender.label
+        if contender.module == "keras":
+            label = f"Keras Adam ({keras_name(tf).split()[0]}.optimizers.Adam)"
+        stages.begin(f"Training with {label}")
+        results["runs"][label] = run_one(tf, strategy, coordinator, cluster, cfg,
+                                         contender, label, data, progress)
+        gc.collect()  # its model and optimizer: their variables on the ps are freed
+        time.sleep(1)  # (asynchronously, by the parameter servers)
+        stages.end()
+    results["environment"]["load_average_at_end"] = os.getloadavg()
+
+
 def run(cfg, stages, progress):
     """Starts the cluster, trains with every contender, stops the cluster: the results.
     Raises what stops the run (the cluster not starting, Ctrl-C) after stopping it."""
-    import numpy as np
-
     started_here = not cfg.get("cluster")
     if started_here:
         stages.begin(f"Starting {cfg['num_ps']} parameter servers and {cfg['workers']} "
@@ -361,41 +402,10 @@ def run(cfg, stages, progress):
                              for s in cluster.servers) or ", ".join(
             f"{job}{i} {address}" for job in ("ps", "worker")
             for i, address in enumerate(cluster.cluster[job])))
-        stages.begin("Starting TensorFlow and connecting to the cluster as its chief")
-        if started_here:
-            os.environ["TF_CONFIG"] = cluster.tf_config("chief")
-        tf = _console.import_tensorflow()
-        import fusedopt.keras  # noqa: F401 (the optimizers; loads the op library here too)
-
-        results["environment"] = environment(tf, cfg)
-        num_ps = cfg["num_ps"]
-
-        def one_shard_per_ps_for_the_table(shape, dtype):
-            """The table (its rows) split in one shard per parameter server; the small
-            variables whole, each on one parameter server."""
-            big = shape[0] >= cfg["rows"]
-            return [num_ps if big else 1] + [1] * (len(shape) - 1)
-
-        strategy = tf.distribute.ParameterServerStrategy(
-            tf.distribute.cluster_resolver.TFConfigClusterResolver(),
-            variable_partitioner=one_shard_per_ps_for_the_table)
-        coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-        data = make_data(np, cfg, seed=1)
-        results["data"] = {"ids_per_step": cfg["batch"] * cfg["bag"],
-                           "distinct_ids_per_step": distinct_ids_per_step(np, data[0], cfg),
-                           "zipf_a": 1.1}
-        stages.end(f"TensorFlow {tf.__version__}, {keras_name(tf)}")
-        for contender in CONTENDERS:
-            label = contender.label
-            if contender.module == "keras":
-                label = f"Keras Adam ({keras_name(tf).split()[0]}.optimizers.Adam)"
-            stages.begin(f"Training with {label}")
-            results["runs"][label] = run_one(tf, strategy, coordinator, cluster, cfg,
-                                             contender, label, data, progress)
-            gc.collect()  # its model and optimizer: their variables on the ps are freed
-            time.sleep(1)  # (asynchronously, by the parameter servers)
-            stages.end()
-        results["environment"]["load_average_at_end"] = os.getloadavg()
+        try:
+            train_every_contender(cluster, cfg, stages, progress, results)
+        finally:  # the coordinator's threads would log each call to the stopped servers
+            logging.getLogger("tensorflow").setLevel(logging.CRITICAL)
     if started_here:
         results["cluster"]["stopped"] = all(s.process.poll() is not None
                                             for s in cluster.servers)
@@ -411,10 +421,10 @@ def _mb(n):
 def traffic_per_step(cfg):
     """Bytes one step moves between a worker and the parameter servers, all of them
     together: TensorFlow's lookup in a split table gathers a row for every id, repeats
-    included, and the gradient goes back as one row (and its int64 index) per id."""
+    included, and the gradient goes back as one row and its (int32) id per id."""
     ids = cfg["batch"] * cfg["bag"]
     return {"ids": ids, "lookup_bytes": ids * cfg["dim"] * 4,
-            "gradient_bytes": ids * (cfg["dim"] * 4 + 8)}
+            "gradient_bytes": ids * (cfg["dim"] * 4 + 4)}
 
 
 def report(results, command):
