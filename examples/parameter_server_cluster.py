@@ -23,11 +23,10 @@ import importlib.util
 import json
 import os
 import re
-import socket
-import subprocess
 import sys
-import tempfile
 import time
+
+from fusedopt.local_cluster import LocalCluster
 
 if importlib.util.find_spec("tf_keras") is not None:  # TensorFlow 2.16 and later
     os.environ["TF_USE_LEGACY_KERAS"] = "1"  # the chief's Keras: tf_keras (Keras 2)
@@ -42,52 +41,6 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=100, help="training steps")
     p.add_argument("--timeout", type=float, default=120, help="seconds to wait for the servers")
     return p.parse_args(argv)
-
-
-def free_ports(n):
-    """n distinct free TCP ports of 127.0.0.1 (held open together so that they differ)."""
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
-def start_servers(cluster, workdir, timeout):
-    """One `python -m fusedopt.server` process per ps and worker task; waits until each
-    serves. Returns {name: (process, log path)}."""
-    servers = {}
-    for job in ("ps", "worker"):
-        for index in range(len(cluster[job])):
-            name = f"{job}{index}"
-            log = os.path.join(workdir, name + ".log")
-            with open(log, "w") as out:
-                servers[name] = (subprocess.Popen(
-                    [sys.executable, "-m", "fusedopt.server", "--cluster_spec", json.dumps(cluster),
-                     "--job_name", job, "--task_index", str(index), "--log_device_placement",
-                     "--ready_file", os.path.join(workdir, name + ".ready")],
-                    stdout=out, stderr=subprocess.STDOUT), log)
-    deadline = time.time() + timeout
-    for name, (process, log) in servers.items():
-        while not os.path.exists(os.path.join(workdir, name + ".ready")):
-            if process.poll() is not None or time.time() > deadline:
-                raise RuntimeError(f"{name} is not serving:\n" + open(log).read()[-2000:])
-            time.sleep(0.2)
-    return servers
-
-
-def stop(servers):
-    for process, _ in servers.values():
-        process.terminate()
-    for process, _ in servers.values():
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def train_as_chief(args, cluster):
@@ -149,24 +102,19 @@ def main(argv=None):
         if not tf.__version__.startswith("2.15"):
             sys.exit("This example needs tf_keras on TensorFlow 2.16 and later (pip install "
                      "tf-keras): Keras 3 does not support ParameterServerStrategy.")
-    ports = free_ports(5)
-    address = [f"127.0.0.1:{p}" for p in ports]
-    cluster = {"ps": address[:2], "worker": address[2:4], "chief": address[4:]}
-    with tempfile.TemporaryDirectory() as workdir:
-        print(f"Starting 2 parameter servers and 2 workers (python -m fusedopt.server) on "
-              f"{', '.join(address[:4])}.")
-        servers = {}
-        try:
-            servers = start_servers(cluster, workdir, args.timeout)
-            train_as_chief(args, cluster)
-        finally:
-            stop(servers)
+    cluster = LocalCluster(num_ps=2, num_workers=2, timeout=args.timeout,
+                           server_args=["--log_device_placement"])
+    print("Starting 2 parameter servers and 2 workers (python -m fusedopt.server) on free "
+          "ports of 127.0.0.1.")
+    with cluster:  # every server stopped when the block ends, also on an error or Ctrl-C
+        print("Serving: " + ", ".join(f"{s.name} at {s.address}" for s in cluster.servers) + ".")
+        train_as_chief(args, cluster.cluster)
         placed = set()
-        for _, log in servers.values():
+        for server in cluster.servers:
             placed.update(re.findall(r"\(FusedOpt>ResourceSparseApplyLazyAdam\) placed on: (\S+)",
-                                     open(log).read()))
+                                     server.log()))
     print("The fused sparse update ran on: " + (", ".join(sorted(placed)) or "(not logged)") + ".")
-    print(f"Stopped all {len(servers)} server processes.")
+    print(f"Stopped all {len(cluster.servers)} server processes.")
     sys.stdout.flush()
     os._exit(0)  # the coordinator's threads would wait for the stopped servers at exit
 

@@ -481,6 +481,9 @@ def test_new_rule_arguments_and_name(rule):
     cls = CLASSES[rule]
     opt = cls()
     assert opt.name.startswith(SPECS[rule].new.default_name)
+    # No weight decay by default, as Keras's own classes (Keras 2's base has 0: a decay
+    # step over every row of every variable, each step).
+    assert opt.weight_decay is None
     assert cls(name="mine").name == "mine"
     defaults = dict(SPECS[rule].new.arguments)
     for argument, default in defaults.items():

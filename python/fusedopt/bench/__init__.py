@@ -16,7 +16,9 @@ the sparse step, a dense step and each optimizer's state on one problem, at the 
 ``--largest-table ROWS...`` (``largest_table``): the largest table each optimizer trains on
 this machine, every (optimizer, rows) point in a child process capped at the memory
 available, so that a table that does not fit is an outcome, not a crash
-(``<out>/largest_table.json``).
+(``<out>/largest_table.json``); ``--ps`` (``ps``): training on a parameter-server cluster of
+processes on this machine, examples per second and the bytes on each parameter server
+(``<out>/ps.json``).
 
 Scenarios: sparse embedding step (every rule), the sparse step under XLA (jit_compile)
 at two table sizes, dense step, scaling with touched rows and with table rows, achieved
@@ -29,8 +31,8 @@ peak, one child per optimizer: ~14 GB of memory for Keras's Adam) and ``converge
 
 Modules: ``contenders`` (who runs, per rule: the one table to extend), ``sparse``,
 ``dense``, ``memory``, ``fbgemm_scenario``, ``state``, ``convergence`` (the scenarios), ``timing`` (checks and interleaved timing),
-``aims``, ``report`` (markdown, plot), ``headline``, ``largest_table``, ``cli`` (flags,
-results.json), ``config``.
+``aims``, ``report`` (markdown, plot), ``headline``, ``largest_table``, ``ps``, ``cli``
+(flags, results.json), ``config``.
 """
 from fusedopt.bench.cli import SCENARIOS, main
 from fusedopt.bench.memory import huge_pages_available

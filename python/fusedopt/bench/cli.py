@@ -5,7 +5,8 @@ Runs: the full run (every scenario, or those ``--scenarios`` names), reported fo
 report (for fusedopt's developers and CI); ``--headline`` (``headline.py``): the few
 numbers a user asks first, at the user's sizes (``--rows --dim --batch --optimizer``);
 ``--largest-table ROWS...`` (``largest_table.py``): the largest table each optimizer trains
-here, one child process per optimizer and table size.
+here, one child process per optimizer and table size; ``--ps`` (``ps.py``): training with
+parameter servers, a cluster of processes on this machine.
 ``--quick``: tiny sizes, every run (the tests' and CI's smoke runs).
 """
 import argparse
@@ -19,7 +20,7 @@ import warnings
 
 from fusedopt import _console
 from fusedopt.bench import dense, fbgemm, fbgemm_scenario, headline, libraries, memory, sparse
-from fusedopt.bench import convergence, largest_table, state
+from fusedopt.bench import convergence, largest_table, ps, state
 from fusedopt.bench.aims import aims
 from fusedopt.bench.config import THREADS, sizes
 from fusedopt.bench.contenders import RULES
@@ -67,10 +68,15 @@ timed in turn, in one process, several rounds each.
       size in a process of its own, capped at the memory available (minutes per size)
   {PROG}
       every scenario at full size: {FULL_RUN_COST}
+  {PROG} --ps
+      training with parameter servers: a cluster of processes on this machine (2
+      parameter servers, 2 workers), a 10,000,000 x 32 table split over the parameter
+      servers, fusedopt's row-wise Adagrad and LazyAdam against Keras's Adam: examples per
+      second and the memory each parameter server holds (about 5 minutes, 15 GB)
 
 Results go to --out (results.json, headline.json with --headline, largest_table.json with
---largest-table) with a plot where matplotlib is installed (pip install matplotlib, or
-fusedopt's [plot] extra).
+--largest-table, ps.json with --ps) with a plot where matplotlib is installed (pip install
+matplotlib, or fusedopt's [plot] extra).
 """
 
 
@@ -97,6 +103,25 @@ def _optimizer(text):
         raise argparse.ArgumentTypeError(f"{text!r} is not one of fusedopt's optimizers: "
                                          f"{', '.join(RULES)}")
     return text
+
+
+def _num_ps(text):
+    """argparse type: 1 to 8 parameter servers (each a process of this machine)."""
+    value = _console.whole_number(text)
+    if value > 8:
+        raise argparse.ArgumentTypeError(f"at most 8 parameter servers here, not {value:,}")
+    return value
+
+
+def _seconds(text):
+    """argparse type: seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {text}")
+    return value
 
 
 def parser():
@@ -133,13 +158,30 @@ def parser():
                        help="for --largest-table: memory each run may allocate beyond "
                             "TensorFlow's start-up (default: what the machine has available "
                             f"then, less {largest_table.KEEP_FREE / 1e9:g} GB)")
+    ps_group = p.add_argument_group(
+        "training with parameter servers (--ps; --rows, --dim, --batch size it too)")
+    ps_group.add_argument("--ps", action="store_true",
+                          help="train on a parameter-server cluster started on this machine "
+                               f"(default sizes: {ps.SIZES['rows']:,} x {ps.SIZES['dim']} "
+                               f"table; --batch: examples per step, {ps.SIZES['bag']} ids "
+                               f"each, default {ps.SIZES['batch']:,})")
+    ps_group.add_argument("--num-ps", type=_num_ps, metavar="N",
+                          help=f"parameter servers, 1 to 8 (default: {ps.SIZES['num_ps']})")
+    ps_group.add_argument("--use-tf-config", action="store_true",
+                          help="run on the cluster TF_CONFIG describes, as its chief (its ps "
+                               "and worker tasks serving already: python -m fusedopt.server "
+                               "on each host), instead of starting one on this machine")
+    ps_group.add_argument("--seconds", type=_seconds, metavar="S",
+                          help="timed seconds per optimizer, after the warm-up steps "
+                               f"(default: {ps.SIZES['seconds']:g}; at least "
+                               f"{ps.SIZES['min_steps']} steps are timed)")
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes, to check that everything runs (what the tests use): "
-                        "seconds with --headline, a few minutes without; the numbers mean "
-                        "nothing")
+                        "seconds with --headline, under a minute with --ps, a few minutes "
+                        "without; the numbers mean nothing")
     p.add_argument("--out", default="bench_results",
-                   help="folder for results.json (headline.json, largest_table.json) and the "
-                        "plot")
+                   help="folder for results.json (headline.json, largest_table.json, "
+                        "ps.json) and the plot")
     p.add_argument("--markdown", metavar="FILE", help="also write the report to FILE")
     p.add_argument("--scenarios", metavar="LIST",
                    help="comma-separated part of the full run, from: " + ", ".join(SCENARIOS)
@@ -153,6 +195,18 @@ def parser():
     p.add_argument("--fbgemm-child", type=int, metavar="THREADS", help=argparse.SUPPRESS)
     p.add_argument(largest_table.CHILD_FLAG, metavar="SPEC", help=argparse.SUPPRESS)
     return p
+
+
+def check_ps_memory(p, cfg):
+    """Refuses (one line) sizes whose parameter-server run would not fit in this machine's
+    available memory."""
+    need, available = ps.memory_needed(cfg), available_memory()
+    if available is not None and need > available:
+        p.error(f"training a {cfg['rows']:,} x {cfg['dim']} table on {cfg['num_ps']} parameter "
+                f"servers needs about {need / 1e9:,.1f} GB here (the table, Adam's state, "
+                f"Keras Adam's whole-table temporaries, {cfg['num_ps'] + cfg['workers'] + 1} "
+                f"TensorFlow processes); {available / 1e9:,.1f} GB is available: try fewer "
+                "--rows or a smaller --dim")
 
 
 def check_memory(p, cfg):
@@ -194,9 +248,37 @@ def parse_args(argv):
     p = parser()
     args = p.parse_args(argv)
     if args.largest_table is not None:
+        if args.ps:
+            p.error("--largest-table and --ps are runs of their own: one at a time")
         return check_largest_table(p, args)
     if args.contenders or args.memory_limit is not None:
         p.error("--contenders and --memory-limit go with --largest-table")
+    ps_only = [flag for flag, value in (("--num-ps", args.num_ps), ("--seconds", args.seconds),
+                                        ("--use-tf-config", args.use_tf_config or None))
+               if value is not None]
+    if args.ps:
+        others = [flag for flag, given in (("--headline", args.headline),
+                                           ("--scenarios", args.scenarios),
+                                           ("--aims", args.aims),
+                                           ("--optimizer", args.optimizer)) if given]
+        if others:
+            p.error(f"--ps is a run of its own; {', '.join(others)} "
+                    f"{'goes' if len(others) == 1 else 'go'} with the other runs")
+        args.cluster = None
+        if args.use_tf_config:
+            if args.num_ps is not None:
+                p.error("--num-ps: with --use-tf-config the cluster of TF_CONFIG says how "
+                        "many parameter servers there are")
+            try:
+                args.cluster = ps.cluster_of_tf_config()
+            except ValueError as e:
+                p.error(f"--use-tf-config: {e}")
+        else:  # the whole cluster on this machine
+            check_ps_memory(p, ps.sizes(args))
+        return args
+    if ps_only:
+        p.error(f"{', '.join(ps_only)} {'goes' if len(ps_only) == 1 else 'go'} with the "
+                "parameter-server run: add --ps")
     sized = [f"--{name}" for name in headline.USER_SIZES if getattr(args, name) is not None]
     if sized and not args.headline:
         if args.scenarios or args.aims:
@@ -436,12 +518,70 @@ def run_largest_table(args, argv):
     return 0
 
 
+def run_ps(args, argv):
+    """The --ps run. Ends the process itself (os._exit) once the cluster is stopped: the
+    coordinator's threads would otherwise wait for the stopped servers at exit."""
+    cfg = ps.sizes(args)
+
+    def finish(status):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+    why = ps.use_keras_2()
+    if why:
+        print(f"{PROG}: --ps {why}", file=sys.stderr)
+        return 1
+    print(f"fusedopt benchmark: training with parameter servers, a cluster on this machine "
+          f"({cfg['rows']:,} x {cfg['dim']} table; "
+          + ("tiny sizes: the numbers mean nothing" if args.quick else
+             "a few minutes at the default sizes") + ")", flush=True)
+    stages = _console.Stages(2 + len(ps.CONTENDERS))
+    started = time.time()
+
+    def progress(msg):
+        print(f"      [{time.time() - started:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    try:
+        results = ps.run(cfg, stages, progress)
+    except KeyboardInterrupt:
+        print(f"\n{PROG}: interrupted; every server process it started is stopped",
+              file=sys.stderr)
+        finish(130)
+    except SystemExit as e:  # SIGTERM or SIGHUP (fusedopt.local_cluster)
+        print(f"{PROG}: stopped by a signal; every server process it started is stopped",
+              file=sys.stderr)
+        finish(e.code if isinstance(e.code, int) else 1)
+    except Exception as e:  # noqa: BLE001 - the cluster did not start, ...: one line
+        why = getattr(e, "summary", None) or ps.one_line(e)  # ServerNotServing's: which, why
+        print(f"{PROG}: the parameter-server run failed (every server process it started "
+              f"is stopped): {why}", file=sys.stderr)
+        finish(1)
+    try:
+        path = ps.save(results, args.out)
+        text = ps.report(results, command_line(argv))
+        print("\n" + text)
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write(text + "\n")
+    except OSError as e:  # --out or --markdown not writable
+        print(f"{PROG}: cannot write the results: {e}", file=sys.stderr)
+        finish(1)
+    print(f"\nResults: {path}")
+    ours_failed = [label for label, r in results["runs"].items()
+                   if "error" in r and label.startswith("fusedopt")]
+    left_running = results["cluster"]["started_here"] and not results["cluster"]["stopped"]
+    finish(1 if ours_failed or left_running else 0)
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.largest_table_child is not None:  # run by largest_table.run_point, one point
         return largest_table.child(args.largest_table_child, import_tensorflow)
     if args.largest_table is not None:
         return run_largest_table(args, argv)
+    if args.ps:
+        return run_ps(args, argv)
     child = args.table_scaling_child or args.state_memory_child is not None or args.fbgemm_child
     if child:
         tf = import_tensorflow(args.fbgemm_child or THREADS)

@@ -353,6 +353,10 @@ def _new_optimizer(rule, spec):
     def __init__(self, *args, **kwargs):
         values, rest = bind_new_optimizer(new, signature, args, kwargs)
         learning_rate, name = values.pop("learning_rate"), values.pop("name")
+        # No weight decay unless asked, as in Keras's own classes: Keras 2's base defaults
+        # to 0, which still runs its decay step (var -= var * 0 * lr) over every row of
+        # every variable at every step, a whole embedding table's worth of memory traffic.
+        rest.setdefault("weight_decay", None)
         if keras3:
             base.__init__(self, learning_rate=learning_rate, name=name, **rest)
         else:  # Keras 2.15: the subclass builds its learning rate
