@@ -62,6 +62,7 @@ ONCE_TESTS = {
     "tests/builds/test_packaging.py::test_sdist_holds_everything_both_builds_and_the_tests_read",
     "tests/core/test_fbgemm_oracle.py",
     "tests/docs/test_docs_site.py",  # the site is built in the first stage's environment
+    "tests/distribute/test_ps_bench.py",
     "tests/ops/test_leaks.py",  # our allocations (kernels, _core): the same source in both
 }
 

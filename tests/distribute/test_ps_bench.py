@@ -29,6 +29,10 @@ needs_keras_2 = pytest.mark.skipif(
 
 FUSED = ("fusedopt.keras.RowWiseAdagrad, bfloat16 slots", "fusedopt.keras.LazyAdam")
 
+# The benchmark harness: one TF stage of CI runs it (tools/test_all.sh); training with
+# parameter servers itself is tested under both (test_distribute.py, the example's test).
+pytestmark = pytest.mark.once
+
 
 def _env():
     """This environment, with the fusedopt these tests import first on PYTHONPATH; the bench
