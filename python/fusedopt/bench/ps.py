@@ -42,6 +42,7 @@ from collections import deque
 
 from fusedopt import _console
 from fusedopt.bench.config import LR
+from fusedopt.bench.largest_table import mem_available
 from fusedopt.bench.report import megabytes
 from fusedopt.bench.state import Contender
 from fusedopt.local_cluster import LocalCluster, process_memory, reset_peak_memory
@@ -318,21 +319,10 @@ def environment(tf, cfg):
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "machine": f"{platform.machine()}, {os.cpu_count()} cores"
                        + (f", {model}" if model else ""),
-            "memory_available_bytes": _available_memory(),
+            "memory_available_bytes": mem_available(),
             "tensorflow": tf.__version__, "keras": keras_name(tf),
             "numpy": np.__version__, "python": sys.version.split()[0],
             "load_average_at_start": os.getloadavg(), "config": cfg}
-
-
-def _available_memory():
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def keras_name(tf):
