@@ -259,6 +259,34 @@ void AdviseHugePagesFor(const T* var, S* const* slots, int64_t num_rows, int64_t
 // Rough cycles per element of one update, for the executor's work splitting.
 constexpr int64_t kCyclesPerElement = 12;
 
+// Updates group g's row with the sum of its gradient rows (sum_order.h's order, the GPU
+// engine's: each chunk left to right, then the chunk sums left to right, in compute
+// type); a row named once takes its gradient row as it is. `summed` and `partial` are
+// the caller's buffers, reused across its rows.
+template <typename Rule, typename T, typename S, typename C = ComputeType<T>>
+FO_ALWAYS_INLINE void UpdateGroup(const ParamsFor<Rule, T>& p, T* var, S* const* slots,
+                                  int64_t row_size, const T* grad, const RowGroups& groups,
+                                  int64_t g, std::vector<C>& summed, std::vector<C>& partial,
+                                  bool stochastic) {
+  std::array<S*, NumSlots<Rule>()> s;
+  const int64_t offset = groups.rows[g] * row_size;
+  SlotsAtRow<Rule>(slots, groups.rows[g], row_size, s.data());
+  const int64_t begin = groups.offsets[g], end = groups.offsets[g + 1];
+  if (end - begin == 1) {
+    const int64_t position = groups.all_unique() ? begin : groups.positions[begin];
+    UpdateSpan<Rule, T, S, T>(p, var + offset, s.data(), grad + position * row_size, row_size,
+                              stochastic);
+    return;
+  }
+  const int64_t chunk = DuplicateChunkLength(end - begin);
+  SumRows(grad, groups.positions.data() + begin, std::min(chunk, end - begin), row_size, summed);
+  for (int64_t j = begin + chunk; j < end; j += chunk) {
+    SumRows(grad, groups.positions.data() + j, std::min(chunk, end - j), row_size, partial);
+    for (int64_t i = 0; i < row_size; ++i) summed[i] += partial[i];
+  }
+  UpdateSpan<Rule, T, S, C>(p, var + offset, s.data(), summed.data(), row_size, stochastic);
+}
+
 }  // namespace detail
 
 // One dense tensor of a group: var and grad hold n elements in rows of row_size
@@ -366,7 +394,6 @@ std::string ApplySparse(const ParamsFor<Rule, T>& p, T* var, S* const* slots, in
   const int64_t cost = row_size * detail::kCyclesPerElement * n / groups.size();
   executor.ParallelFor(groups.size(), cost, [&](int64_t first, int64_t last) {
     std::vector<C> summed, partial;  // per block, reused across its rows
-    std::array<S*, NumSlots<Rule>()> s;
     for (int64_t g = first; g < std::min(last, first + detail::kPrefetchRows); ++g) {
       detail::PrefetchGroup<Rule>(groups, g, var, slots, grad, row_size);
     }
@@ -374,27 +401,77 @@ std::string ApplySparse(const ParamsFor<Rule, T>& p, T* var, S* const* slots, in
       if (g + detail::kPrefetchRows < last) {
         detail::PrefetchGroup<Rule>(groups, g + detail::kPrefetchRows, var, slots, grad, row_size);
       }
-      const int64_t offset = groups.rows[g] * row_size;
-      detail::SlotsAtRow<Rule>(slots, groups.rows[g], row_size, s.data());
-      const int64_t begin = groups.offsets[g], end = groups.offsets[g + 1];
-      if (end - begin == 1) {
-        const int64_t position = groups.all_unique() ? begin : groups.positions[begin];
-        detail::UpdateSpan<Rule, T, S, T>(p, var + offset, s.data(),
-                                          grad + position * row_size, row_size, stochastic);
-        continue;
+      detail::UpdateGroup<Rule>(p, var, slots, row_size, grad, groups, g, summed, partial,
+                                stochastic);
+    }
+  });
+  coalescer.ReleaseIfAbove(detail::kMaxRetainedHashSlots);
+  return "";
+}
+
+// The sparse gradient of ApplySparse applied to every row (Keras's and TF's Adam on an
+// IndexedSlices gradient): a row no index names takes the rule's update with a zero
+// gradient (its moments decay), a named row the sum of its gradient rows, as the dense
+// update of the densified gradient would, in one pass over the table in row order and
+// without that gradient's table-sized buffer. n == 0 still updates every row. Returns ""
+// on success, else an error message, in which case nothing was written.
+template <typename Rule, typename T, typename Index, typename S>
+std::string ApplySparseEveryRow(const ParamsFor<Rule, T>& p, T* var, S* const* slots,
+                                int64_t num_rows, int64_t row_size, const T* grad,
+                                const Index* indices, int64_t n, Executor& executor,
+                                bool stochastic = false) {
+  using C = ComputeType<T>;
+  Coalescer& coalescer = ThreadCoalescer();  // its buffers outlive the call
+  std::string error;
+  const RowGroups* grouped = coalescer.Group(indices, n, num_rows, &error);
+  if (grouped == nullptr || row_size == 0 || num_rows == 0) {
+    coalescer.ReleaseIfAbove(detail::kMaxRetainedHashSlots);
+    return error;
+  }
+  const RowGroups& groups = *grouped;
+  // The groups in row order: each block of rows finds its first named row by bisection.
+  std::vector<int64_t> by_row(groups.size());
+  for (int64_t g = 0; g < groups.size(); ++g) by_row[g] = g;
+  std::sort(by_row.begin(), by_row.end(),
+            [&](int64_t a, int64_t b) { return groups.rows[a] < groups.rows[b]; });
+  detail::AdviseHugePagesFor<Rule>(var, slots, num_rows, row_size);
+  // A run of unnamed rows is one span of elements for a rule without a per-row phase: its
+  // zero gradient is read from `zeros` a piece at a time.
+  constexpr bool kRows = HasRowPhase<Rule>();
+  const int64_t zeros_length = kRows ? row_size : std::max<int64_t>(row_size, 4096);
+  const std::vector<C> zeros(zeros_length, C(0));
+  executor.ParallelFor(num_rows, row_size * detail::kCyclesPerElement,
+                       [&](int64_t first, int64_t last) {
+    std::vector<C> summed, partial;
+    std::array<S*, NumSlots<Rule>()> s;
+    int64_t next = std::lower_bound(by_row.begin(), by_row.end(), first,
+                                    [&](int64_t g, int64_t row) { return groups.rows[g] < row; }) -
+                   by_row.begin();
+    int64_t row = first;
+    while (row < last) {
+      const int64_t named = next < groups.size() ? groups.rows[by_row[next]] : last;
+      const int64_t stop = std::min(named, last);  // rows [row, stop) are not named
+      if constexpr (kRows) {
+        for (; row < stop; ++row) {
+          detail::SlotsAtRow<Rule>(slots, row, row_size, s.data());
+          detail::UpdateSpan<Rule, T, S, C>(p, var + row * row_size, s.data(), zeros.data(),
+                                            row_size, stochastic);
+        }
+      } else {
+        for (int64_t e = row * row_size; e < stop * row_size; e += zeros_length) {
+          const int64_t length = std::min(zeros_length, stop * row_size - e);
+          for (int k = 0; k < NumSlots<Rule>(); ++k) s[k] = slots[k] + e;
+          detail::UpdateSpan<Rule, T, S, C>(p, var + e, s.data(), zeros.data(), length,
+                                            stochastic);
+        }
+        row = stop;
       }
-      // Sum in compute type in the order of sum_order.h (the GPU engine's): each chunk
-      // left to right, then the chunk sums left to right.
-      const int64_t chunk = DuplicateChunkLength(end - begin);
-      detail::SumRows(grad, groups.positions.data() + begin, std::min(chunk, end - begin),
-                      row_size, summed);
-      for (int64_t j = begin + chunk; j < end; j += chunk) {
-        detail::SumRows(grad, groups.positions.data() + j, std::min(chunk, end - j), row_size,
-                        partial);
-        for (int64_t i = 0; i < row_size; ++i) summed[i] += partial[i];
+      if (row < last && row == named) {
+        detail::UpdateGroup<Rule>(p, var, slots, row_size, grad, groups, by_row[next], summed,
+                                  partial, stochastic);
+        ++next;
+        ++row;
       }
-      detail::UpdateSpan<Rule, T, S, C>(p, var + offset, s.data(), summed.data(), row_size,
-                                        stochastic);
     }
   });
   coalescer.ReleaseIfAbove(detail::kMaxRetainedHashSlots);

@@ -38,6 +38,11 @@ class FusedApply {
   explicit FusedApply(::tensorflow::OpKernelConstruction* ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("use_locking", &use_exclusive_lock_));
     attrs_.Read(ctx);
+    if constexpr (kSparse) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr(kEveryRowAttr, &every_row_));
+      OP_REQUIRES(ctx, !every_row_ || Engine::kCpu,
+                  absl::InvalidArgumentError(EveryRowRefused("on a GPU")));
+    }
   }
 
   // Validates, then updates (CPU) or enqueues the update (GPU). Errors go to ctx. GPU
@@ -135,6 +140,13 @@ class FusedApply {
       const int64_t num_rows = state[0].dim_size(0);
       const int64_t row_size = num_rows == 0 ? 0 : state[0].NumElements() / num_rows;
       if (num_rows_out != nullptr) *num_rows_out = num_rows;
+      if constexpr (Engine::kCpu) {
+        if (every_row_) {
+          return Engine::template SparseEveryRow<Rule, Storage, Index, S>(
+              ctx, params, var, slots.data(), num_rows, row_size, grad_data,
+              DataOf<Index>(indices), indices.NumElements(), attrs_.stochastic);
+        }
+      }
       return Engine::template Sparse<Rule, Storage, Index, S>(
           ctx, params, var, slots.data(), num_rows, row_size, grad_data, DataOf<Index>(indices),
           indices.NumElements(), check, attrs_.stochastic);
@@ -267,6 +279,7 @@ class FusedApply {
   }
 
   bool use_exclusive_lock_ = false;
+  bool every_row_ = false;  // sparse ops: kEveryRowAttr
   UpdateAttrs<Rule> attrs_;
   ::tensorflow::DataType slot_dtype_ = ::tensorflow::DataTypeToEnum<T>::value;
 };

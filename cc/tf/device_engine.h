@@ -57,6 +57,19 @@ struct DeviceEngine<CPUDevice> {
     return error.empty() ? absl::OkStatus() : absl::InvalidArgumentError(error);
   }
 
+  // The sparse gradient applied to every row (engine.h's ApplySparseEveryRow).
+  template <typename Rule, typename Storage, typename Index, typename S>
+  static absl::Status SparseEveryRow(::tensorflow::OpKernelContext* ctx,
+                                     const ParamsFor<Rule, Storage>& params, Storage* var,
+                                     S* const* slots, int64_t num_rows, int64_t row_size,
+                                     const Storage* grad, const Index* indices,
+                                     int64_t num_indices, bool stochastic) {
+    TfCpuExecutor executor(ctx);
+    const std::string error = ApplySparseEveryRow<Rule, Storage, Index, S>(
+        params, var, slots, num_rows, row_size, grad, indices, num_indices, executor, stochastic);
+    return error.empty() ? absl::OkStatus() : absl::InvalidArgumentError(error);
+  }
+
   template <typename Rule, typename Storage, typename S>
   static absl::Status DenseGroup(::tensorflow::OpKernelContext* ctx,
                                  const ParamsFor<Rule, Storage>& params,

@@ -247,6 +247,19 @@ inline absl::Status InferRoundingSeed(InferenceContext* c) {
 
 }  // namespace detail
 
+// The sparse ops' attribute: true updates every row, those no index names with a zero
+// gradient (Keras's and TF's Adam on a sparse gradient), instead of the named rows only.
+// The CPU kernels do it in one pass (engine.h's ApplySparseEveryRow); the GPU and XLA
+// kernels refuse it (fusedopt's Python classes give those the dense op on the densified
+// gradient instead).
+constexpr const char* kEveryRowAttr = "every_row";
+
+inline std::string EveryRowRefused(const char* where) {
+  return std::string("every_row=True (a sparse update of every row) runs in the CPU kernels "
+                     "only, not ") + where + "; densify the gradient and use the dense op "
+                     "(fusedopt's optimizer classes do)";
+}
+
 template <typename Rule>
 void RegisterOpDef(Variant variant) {
   const std::string name = OpName(Rule::kOpName, variant);
@@ -263,6 +276,7 @@ void RegisterOpDef(Variant variant) {
   if (IsSparse(variant)) {
     op.Input("indices: Tindices");
     op.Attr(TypeAttr("Tindices", IndexDataTypes()));
+    op.Attr(std::string(kEveryRowAttr) + ": bool = false");
   }
   AddRoundingSeed(op);
   if (!IsResource(variant)) {
@@ -280,7 +294,8 @@ void RegisterOpDef(Variant variant) {
     return detail::InferShapes<Rule>(c, sparse, ref_output);
   });
   op.Doc(std::string("Fused ") + Rule::kOpName + " update" +
-         (sparse ? " of the rows named by indices (duplicates summed first)" : "") +
+         (sparse ? " of the rows named by indices (duplicates summed first; every_row: of "
+                   "every row, the others with a zero gradient)" : "") +
          ". See fusedopt.ops for the Python wrapper.");
   op();  // registers with the global op registry
 }

@@ -52,7 +52,14 @@ class FusedApplyXlaOp : public tfw::XlaOpKernel {
 
  public:
   explicit FusedApplyXlaOp(tfw::OpKernelConstruction* ctx)
-      : XlaOpKernel(ctx), attrs_(ctx) {}
+      : XlaOpKernel(ctx), attrs_(ctx) {
+    if constexpr (kSparse) {
+      bool every_row = false;
+      OP_REQUIRES_OK(ctx, ctx->GetAttr(kEveryRowAttr, &every_row));
+      OP_REQUIRES(ctx, !every_row,
+                  absl::InvalidArgumentError(EveryRowRefused("in XLA-compiled code")));
+    }
+  }
 
   void Compile(tfw::XlaOpKernelContext* ctx) override {
     // The CPU kernel's checks in its order, at compile time: every variable initialized;

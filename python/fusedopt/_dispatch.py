@@ -14,7 +14,7 @@ import tensorflow as tf
 from fusedopt import ops  # loads the op library now: before the step's XLA compilation
 from fusedopt import _packs, reference
 
-__all__ = ["unwrap", "apply", "apply_group", "covers", "covers_gradient", "overridden",
+__all__ = ["unwrap", "apply", "densify", "every_row_in_kernel", "apply_group", "covers", "covers_gradient", "overridden",
            "groupable", "repeated_variables", "identity", "FUSED_DTYPES", "FUSED_INDEX_DTYPES"]
 
 
@@ -65,12 +65,43 @@ def _composed_sparse(rule, variable, slots, values, indices, hyper, options):
     return _assign([variable] + slots, [new_var] + list(new_slots))
 
 
+def densify(grad, variable):
+    """The sparse gradient `grad` (``tf.IndexedSlices``) as a dense gradient of `variable`:
+    repeated ids summed, rows no id names zero. An id outside ``[0, rows)`` raises the
+    sparse ops' ``InvalidArgumentError`` before anything is updated
+    (``reference.check_indices``: ``unsorted_segment_sum`` alone would drop a negative id
+    silently). Under XLA, where no check can raise, such an id adds nothing."""
+    rows = variable.shape[0] if variable.shape.rank else None
+    if rows is None:
+        rows = (reference._rows_of(variable) if hasattr(variable, "handle")
+                else tf.shape(variable, out_type=tf.int64)[0])
+    indices = tf.reshape(grad.indices, [-1])
+    if indices.dtype not in (tf.int32, tf.int64):  # what unsorted_segment_sum takes
+        indices = tf.cast(indices, tf.int64)
+    indices = reference.check_indices(indices, rows)
+    return tf.math.unsorted_segment_sum(grad.values, indices, tf.cast(rows, indices.dtype))
+
+
+def every_row_in_kernel(variable):
+    """Whether the sparse op can update every row of `variable` itself (``every_row``:
+    the CPU kernels, outside XLA); elsewhere ``densify`` and the dense op do it."""
+    if reference._in_xla_context():
+        return False
+    device = getattr(unwrap(variable), "device", "") or ""
+    if device:
+        return tf.DeviceSpec.from_string(device).device_type in (None, "CPU")
+    return not tf.config.list_logical_devices("GPU")  # placed where TF puts it: a GPU first
+
+
 def apply(rule, variable, slots, grad, hyper, options=None, composed=False,
-          use_locking=False, stochastic_rounding=False, rounding_seed=None):
+          use_locking=False, stochastic_rounding=False, rounding_seed=None, every_row=False):
     """One update of ``variable`` and ``slots`` (in the rule's slot order).
 
     ``hyper``: dict of the rule's hyper-parameters (numbers or tensors, cast to the
     variable's dtype). The gradient is cast to the variable's dtype first, as Keras does.
+    ``every_row``: a sparse gradient updates every row (the others with gradient zero),
+    not only the rows it names: the sparse op's ``every_row`` where the CPU kernels run it
+    (``every_row_in_kernel``), else the dense op on the ``densify``'d gradient.
     ``stochastic_rounding``: of compact (16-bit) slots; the fused ops only (the composed
     form rounds to nearest and refuses it), with ``rounding_seed`` (the step number).
     Returns the update op in graph mode, None when executing eagerly.
@@ -83,6 +114,9 @@ def apply(rule, variable, slots, grad, hyper, options=None, composed=False,
         raise ValueError("stochastic rounding of compact slots runs in fusedopt's ops only; "
                          "the composed form (DTensor layouts) rounds to nearest: "
                          "stochastic_rounding=False there")
+    if isinstance(grad, tf.IndexedSlices) and every_row and (
+            composed or not every_row_in_kernel(variable)):
+        grad = densify(tf.IndexedSlices(tf.cast(grad.values, dtype), grad.indices), variable)
     if isinstance(grad, tf.IndexedSlices):
         values = tf.cast(grad.values, dtype)
         if composed:
@@ -91,7 +125,7 @@ def apply(rule, variable, slots, grad, hyper, options=None, composed=False,
         return _op(rule, True)(variable, *slots, grad=values, indices=grad.indices,
                                use_locking=use_locking, **hyper, **options,
                                stochastic_rounding=stochastic_rounding,
-                               rounding_seed=rounding_seed)
+                               rounding_seed=rounding_seed, every_row=every_row)
     grad = tf.cast(grad, dtype)
     if composed:
         return _composed_dense(rule, variable, slots, grad, hyper, options)

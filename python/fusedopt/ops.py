@@ -10,7 +10,11 @@ gradient, in the op's input order; then ``use_locking``, the rule's options and 
 and keyword-only ``stochastic_rounding`` and ``rounding_seed``.
 Sparse wrappers also take ``indices``: ``grad`` then has shape ``[N] + var.shape[1:]``;
 duplicate indices are summed before each named row is updated once, and rows not named
-are left untouched (lazy updates).
+are left untouched (lazy updates); with keyword-only ``every_row=True`` every row is
+updated, the rows not named with a zero gradient (the dense update of the densified
+gradient: Keras's and TF's Adam on sparse gradients), in one pass without a table-sized
+gradient buffer. ``every_row`` runs in the CPU kernels only: on a GPU and under XLA the
+op refuses it (``_dispatch.densify`` and the dense op do the same there).
 
 ``resource_group_apply_<rule>`` updates many resource variables in one op (dense
 gradients): ``var``, each slot and ``grad`` are lists of the same length, every variable of
@@ -134,7 +138,7 @@ def _rounding_seed(stochastic_rounding, rounding_seed):
 
 @tf.autograph.experimental.do_not_convert
 def _apply(rule, variant, var, slots, hyper, grad, indices, use_locking, options, name,
-           stochastic_rounding=False, rounding_seed=None):
+           stochastic_rounding=False, rounding_seed=None, every_row=False):
     spec = RULES[rule]
     resource = variant.startswith("resource")
     seed = _rounding_seed(stochastic_rounding, rounding_seed)
@@ -153,6 +157,9 @@ def _apply(rule, variant, var, slots, hyper, grad, indices, use_locking, options
     kwargs["grad"] = tf.convert_to_tensor(grad, dtype_hint=dtype)
     if indices is not None:
         kwargs["indices"] = indices
+        if not isinstance(every_row, (bool, np.bool_)):
+            raise TypeError(f"every_row must be a bool, got {every_row!r}")
+        kwargs["every_row"] = bool(every_row)
     kwargs.update(options)
     fn = getattr(load_library(), f"fused_opt_{variant}_{rule}")
     return fn(**kwargs)
@@ -265,7 +272,7 @@ def _make_wrapper(rule, variant):
         return _apply(rule, variant, a["var"], [a[s] for s in spec["slots"]],
                       [a[h] for h in spec["hyper"]], a["grad"], a.get("indices"),
                       a["use_locking"], {o: a[o] for o in spec["options"]}, a["name"],
-                      a["stochastic_rounding"], a["rounding_seed"])
+                      a["stochastic_rounding"], a["rounding_seed"], a.get("every_row", False))
 
     P = inspect.Parameter
     wrapper.__signature__ = inspect.Signature(
@@ -273,7 +280,8 @@ def _make_wrapper(rule, variant):
         + [P(n, P.POSITIONAL_OR_KEYWORD, default=d,
              annotation=Optional[str] if n == "name" else bool) for n, d in keyword]
         + [P("stochastic_rounding", P.KEYWORD_ONLY, default=False, annotation=bool),
-           P("rounding_seed", P.KEYWORD_ONLY, default=None)])
+           P("rounding_seed", P.KEYWORD_ONLY, default=None)]
+        + ([P("every_row", P.KEYWORD_ONLY, default=False, annotation=bool)] if sparse else []))
     wrapper.__name__ = wrapper.__qualname__ = f"{variant}_{rule}"
     wrapper.__doc__ = (f"{spec['op_name']} {_VARIANT_DOCS[variant]}.\n\n"
                        f"``{rules.module(rule).MATH}``\n\n"

@@ -68,7 +68,8 @@ def test_wrapper_signatures(rule, sparse, resource):
     params = inspect.signature(wrapper(rule, sparse, resource)).parameters
     expected = (["var"] + spec["slots"] + spec["hyper"] + ["grad"]
                 + (["indices"] if sparse else []) + ["use_locking"] + list(spec["options"])
-                + ["name", "stochastic_rounding", "rounding_seed"])
+                + ["name", "stochastic_rounding", "rounding_seed"]
+                + (["every_row"] if sparse else []))
     assert list(params) == expected
     assert params["use_locking"].default is False
     assert params["name"].default is None
@@ -77,6 +78,9 @@ def test_wrapper_signatures(rule, sparse, resource):
     assert params["stochastic_rounding"].default is False
     assert params["rounding_seed"].kind is inspect.Parameter.KEYWORD_ONLY
     assert params["rounding_seed"].default is None
+    if sparse:  # every row updated (the others with a zero gradient): keyword only
+        assert params["every_row"].kind is inspect.Parameter.KEYWORD_ONLY
+        assert params["every_row"].default is False
     for opt, default in spec["options"].items():
         assert params[opt].default is default
 

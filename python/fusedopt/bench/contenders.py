@@ -139,6 +139,9 @@ RULES = {
                       lambda tf: tf.compat.v1.train.AdamOptimizer(LR, BETA1, BETA2, EPS)),
             Optimizer("tf_keras legacy Adam", "dense", libraries.tf_keras,
                       lambda tf_keras: tf_keras.optimizers.legacy.Adam(LR, BETA1, BETA2, EPS)),
+            # fusedopt's Adam with Keras's sparse semantics (every row): one fused pass.
+            Optimizer("fusedopt.keras.Adam (every row)", "dense", libraries.fusedopt_keras,
+                      lambda fk: fk.Adam(LR, BETA1, BETA2, EPS)),
             # The real thing (TF <= 2.15): a Keras 2 legacy optimizer with lazy rows.
             Optimizer("tensorflow_addons LazyAdam", "lazy", libraries.tensorflow_addons,
                       lambda tfa: tfa.optimizers.LazyAdam(LR, BETA1, BETA2, EPS),

@@ -65,10 +65,10 @@ def state_slots(rule):
 
 def memory_needed(cfg):
     """Bytes the run holds at its peak, about: each sparse contender keeps its own table
-    and state while all are timed (up to 8 contenders), the problem and the checks'
+    and state while all are timed (up to 9 contenders), the problem and the checks'
     reference values two more tables."""
     table = 4 * cfg["rows"] * cfg["dim"]
-    return table * ((1 + state_slots(cfg["optimizer"])) * 8 + 2)
+    return table * ((1 + state_slots(cfg["optimizer"])) * 9 + 2)
 
 
 def sparse_contenders(tf, problem, rule):

@@ -289,6 +289,15 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
         return values
 
     def _fused_update(self, variant, var, grad, indices=None):
+        every_row = {}
+        if indices is not None and not self._SPEC.lazy_sparse:
+            # Every row updated (AdamOptimizer's sparse semantics): the sparse op's
+            # every_row on the CPU, else the dense op on the densified gradient.
+            if _dispatch.covers(var, indices) and _dispatch.every_row_in_kernel(var):
+                every_row = {"every_row": True}
+            else:
+                grad = _dispatch.densify(tf.IndexedSlices(grad, indices), var)
+                variant, indices = variant.replace("sparse_", ""), None
         if not _dispatch.covers(var, indices):
             return self._composed_update(var, grad, indices)
         dtype = var.dtype.base_dtype
@@ -300,7 +309,7 @@ class _FusedOptimizer(tf.compat.v1.train.Optimizer):
             args.append(indices)
         fn = getattr(_fused_ops, "%s_%s" % (variant, self._RULE))
         return fn(*args, use_locking=self._use_locking, **self._SPEC.options,
-                  **self._rounding([var]))
+                  **self._rounding([var]), **every_row)
 
     def _composed_update(self, var, grad, indices):
         """Dtypes the ops do not take (complex, ...): the rule in composed TF ops, the

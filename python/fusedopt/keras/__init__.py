@@ -90,6 +90,12 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
         if rule is not None:
             self._fused_rule, self._fused_spec = rule, spec
         self.lazy_weight_decay = _compact.parse_flag("lazy_weight_decay", lazy_weight_decay)
+        if (self.lazy_weight_decay and self._fused_spec is not None
+                and not self._fused_spec.lazy_sparse):
+            raise ValueError(
+                f"lazy_weight_decay=True decays only the rows a sparse gradient touches, but "
+                f"{type(self).__name__} updates every row on sparse gradients (as the class "
+                f"it replaces); for lazy updates and lazy decay use Lazy{type(self).__name__}")
         _compact.set_options(self, slot_dtype, stochastic_rounding)
         if self._fused_spec is not None:
             self._fused_spec.warn_if_own_update(self)
@@ -271,7 +277,8 @@ class _FusedUpdate(_packs.PacksOfOptimizer):
 
     def _fused(self, rule, variable, slots, gradient, hyper, options=None):
         return _dispatch.apply(rule, variable, slots, gradient, hyper, options,
-                               composed=self._fused_composed, **self._rounding())
+                               composed=self._fused_composed, **self._rounding(),
+                               every_row=not self._fused_spec.lazy_sparse)
 
 
 # The base optimizer's own arguments, documented once; each spec's doc ends with its

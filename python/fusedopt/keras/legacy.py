@@ -94,7 +94,8 @@ class _FusedApply(_packs.PacksOfOptimizer):
         hyper = {name: c[key] for name, key in spec.hyper.items()}
         op = _dispatch.apply(self._fused_rule, var, self._fused_slots(var), grad, hyper,
                              spec.options, composed=self._fused_composed,
-                             use_locking=self._use_locking, **self._rounding())
+                             use_locking=self._use_locking, **self._rounding(),
+                             every_row=not spec.lazy_sparse)
         return tf.no_op() if op is None and not tf.executing_eagerly() else op
 
     # OptimizerV2 applies each variable in turn; the dense gradients of resource variables

@@ -14,7 +14,7 @@ import importlib
 from fusedopt import _core
 
 __all__ = ["SPECS", "FRONT_ENDS", "names", "module", "front_end_specs", "variant_specs",
-           "select_variant", "define_classes", "fused_subclass"]
+           "select_variant", "define_classes", "fused_subclass", "more_class_specs"]
 
 # name -> {"op_name", "slots", "hyper", "options"}, in AllRules' order.
 SPECS = _core.rules()
@@ -42,6 +42,14 @@ def front_end_specs(front_end):
     return [(name, spec) for name, spec in specs if spec is not None and spec.name is not None]
 
 
+def more_class_specs(front_end):
+    """[(rule name, spec)] of the further classes a rule's module declares for `front_end`
+    (its ``MORE_CLASSES[front_end]``: the same rule behind another class, e.g. Adam beside
+    LazyAdam, whose sparse updates reach every row)."""
+    return [(name, spec) for name in names()
+            for spec in getattr(module(name), "MORE_CLASSES", {}).get(front_end, ())]
+
+
 def variant_specs(front_end):
     """{rule: (class rule, spec)} of the rules that run for some settings of another
     rule's class in one front end (that class's ``variants``), with their own spec."""
@@ -66,7 +74,7 @@ def define_classes(namespace, front_end, make_class):
     class into a module's ``namespace`` (its globals) under the spec's name; returns the
     names (``__all__``)."""
     defined = []
-    for name, spec in front_end_specs(front_end):
+    for name, spec in front_end_specs(front_end) + more_class_specs(front_end):
         namespace[spec.name] = make_class(name, spec)
         defined.append(spec.name)
     return defined

@@ -79,6 +79,10 @@ class _KerasFamily:
     # that applies runs that rule with its module's spec of this front end (whose name is
     # None: no class of its own), e.g. RMSprop(centered=True).
     variants: tuple = ()
+    # What a sparse gradient (tf.IndexedSlices) updates: True, the rows it names only (lazy);
+    # False, every row, the others with gradient zero (Keras's Adam: moments decay
+    # everywhere), in one fused dense pass over the summed gradient.
+    lazy_sparse: bool = True
 
     def keeps_own_update(self, optimizer):
         condition = self.own_update_when
@@ -152,6 +156,7 @@ class CompatV1:
     # first that applies runs that rule with its module's COMPAT_V1 spec (whose name is
     # None: no class of its own), e.g. RMSPropOptimizer(centered=True).
     variants: tuple = ()
+    lazy_sparse: bool = True  # as _KerasFamily's: False, a sparse gradient updates every row
 
 
 def new_optimizer_signature(new, keyword_only=()):

@@ -2,11 +2,13 @@
 
 C++: ``cc/core/rules/lazy_adam.h`` (``LazyAdamRule``).
 """
+import dataclasses
+
 import tensorflow as tf
 
 from fusedopt.rules._front import Attr, CompatV1, Keras, LearningRate, Legacy, NonSlot, Power
 
-__all__ = ["MATH", "composed", "KERAS", "LEGACY", "COMPAT_V1"]
+__all__ = ["MATH", "composed", "KERAS", "LEGACY", "COMPAT_V1", "MORE_CLASSES"]
 
 MATH = ("m += (g-m)(1-beta1); v += (g²-v)(1-beta2); "
         "var -= lr·sqrt(1-beta2_power)/(1-beta1_power) · m/(sqrt(v)+epsilon)")
@@ -82,8 +84,9 @@ COMPAT_V1 = CompatV1(
     anchor="AdamOptimizer",
     doc="""Adam with lazy sparse updates, on fusedopt's fused ops.
 
-    A drop-in replacement for ``tf.contrib.opt.LazyAdamOptimizer`` (TF 1.15) and for
-    ``tf.compat.v1.train.AdamOptimizer``:
+    A drop-in replacement for ``tf.contrib.opt.LazyAdamOptimizer`` (TF 1.15), and for
+    ``tf.compat.v1.train.AdamOptimizer`` where only touched rows should change (for
+    ``AdamOptimizer``'s own sparse numbers: ``fusedopt.compat.v1.AdamOptimizer``):
 
     - dense gradients: exactly Adam (the math of TF's ``ApplyAdam``):
 
@@ -108,3 +111,41 @@ COMPAT_V1 = CompatV1(
       use_locking: passed to the ops (lock var and slots while updating).
       name: the name of the slot variables' scope.
     """)
+
+
+# Adam with the replaced classes' sparse semantics: the same rule and op, every row updated.
+_EVERY_ROW = """
+
+    Sparse gradients (``tf.IndexedSlices``, an embedding's) update every row, as
+    %s does: rows no id names take the update of a zero gradient (their ``m`` and ``v``
+    decay, and ``var`` moves by the decayed moments). Repeated ids are summed first.
+    fusedopt does it in one fused pass over the table, where the replaced class makes
+    several: on the CPU the sparse op itself (``every_row=True``) reads and writes var,
+    ``m`` and ``v`` once, with no gradient buffer of the table's size; on a GPU and under
+    XLA the gradient is summed into such a buffer first, then the dense op runs.
+    ``LazyAdam`` updates the touched rows only: the faster choice for large embedding
+    tables, with other numbers."""
+
+MORE_CLASSES = {
+    "KERAS": (dataclasses.replace(
+        KERAS, name="Adam", lazy_sparse=False,
+        doc="""Adam with fused kernels: ``keras.optimizers.Adam``'s numbers, sparse gradients
+    included.""" + _EVERY_ROW % "``keras.optimizers.Adam``" + KERAS.doc.split(
+            '("lazy" Adam):')[1].replace("only the rows named by the indices", "every row")),),
+    "LEGACY": (dataclasses.replace(
+        LEGACY, name="Adam", lazy_sparse=False,
+        doc="""Keras 2 ``Adam`` with fused kernels: its numbers, sparse gradients included.
+    ``amsgrad=True`` runs Keras's own Adam updates.""" + _EVERY_ROW % "Keras 2's ``Adam``"
+        + "\n\n    Args:" + LEGACY.doc.split("Args:")[1]),),
+    "COMPAT_V1": (dataclasses.replace(
+        COMPAT_V1, name="AdamOptimizer", lazy_sparse=False,
+        doc="""Adam on fusedopt's fused ops: a drop-in for ``tf.compat.v1.train.AdamOptimizer``,
+    sparse gradients included.""" + _EVERY_ROW % "``AdamOptimizer``" + """
+
+          m <- beta1*m + (1-beta1)*g;  v <- beta2*v + (1-beta2)*g*g
+          var <- var - lr*sqrt(1-beta2^t)/(1-beta1^t) * m/(sqrt(v)+epsilon)
+
+    Slots, non-slot variables, default name and checkpoints are ``AdamOptimizer``'s.
+
+    Args:""" + COMPAT_V1.doc.split("Args:")[1]),),
+}
