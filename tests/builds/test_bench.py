@@ -1,6 +1,7 @@
-"""The benchmark suite's smoke run: every scenario runs on tiny sizes and every contender
-produces fusedopt's numbers (no timing assertions: speed is measured, not tested); what
-its users read (the default run, --headline, --help, the errors) holds no internal words."""
+"""The benchmark suite's smoke run: every scenario runs on tiny sizes (the embedding-scale
+ones in test_bench_state.py) and every contender produces fusedopt's numbers (no timing
+assertions: speed is measured, not tested); what its users read (a user's run, --headline,
+--help, the errors) holds no internal words."""
 import importlib.util
 import json
 import os
@@ -30,11 +31,28 @@ def without_tf_log_setting():
     return {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
 
 
+# The quick run here: every scenario of the full run but the embedding-scale ones, which
+# tests/builds/test_bench_state.py runs the same way (a user's run, no --aims) and checks:
+# two runs in two files, which CI's two pytest workers run side by side.
+QUICK_SCENARIOS = ("sparse", "sparse_xla", "dense", "dense_sizes", "scaling", "bandwidth",
+                   "many_small", "sparse_fbgemm")
+
+
+def test_the_two_quick_runs_are_the_whole_default_run():
+    from fusedopt.bench import cli
+    from test_bench_state import SCENARIOS as STATE_SCENARIOS
+
+    assert cli.parse_args(["--quick"]).scenarios == set(cli.SCENARIOS)  # the default: all
+    assert sorted(QUICK_SCENARIOS + STATE_SCENARIOS) == sorted(cli.SCENARIOS)
+    assert not set(QUICK_SCENARIOS) & set(STATE_SCENARIOS)
+
+
 @pytest.mark.slow
-def test_quick_benchmark_runs_every_scenario_and_contenders_agree(tmp_path):
-    # The default (user) run: no aims, nothing internal in what it prints.
+def test_quick_benchmark_runs_the_step_scenarios_and_contenders_agree(tmp_path):
+    # A user's run (no aims): nothing internal in what it prints.
     result = subprocess.run(
-        [sys.executable, "-m", "fusedopt.bench", "--quick", "--out", str(tmp_path),
+        [sys.executable, "-m", "fusedopt.bench", "--quick", "--scenarios",
+         ",".join(QUICK_SCENARIOS), "--out", str(tmp_path),
          "--markdown", str(tmp_path / "report.md")],
         capture_output=True, text=True, env=without_tf_log_setting())
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -42,7 +60,8 @@ def test_quick_benchmark_runs_every_scenario_and_contenders_agree(tmp_path):
         internal_words(result.stdout + result.stderr), result.stdout[-3000:],
         result.stderr[-3000:])
     stages = re.findall(r"^\[(\d+)/(\d+)\] ", result.stdout, re.M)
-    assert [int(n) for n, _ in stages] == list(range(1, 12)), result.stdout[:3000]
+    assert [int(n) for n, _ in stages] == list(range(1, len(QUICK_SCENARIOS) + 2)), \
+        result.stdout[:3000]
     assert result.stdout.rstrip().splitlines()[-1].startswith("Plot: ")
     results = json.loads((tmp_path / "results.json").read_text())
     assert "aims" not in results

@@ -3,11 +3,13 @@ and peak memory per contender (a child process each), and convergence of the com
 rules on the synthetic CTR model. Quick sizes; the numbers checked are exact (state bytes)
 or loose sanity bounds (memory, loss), never speed."""
 import json
-import os
+import re
 import subprocess
 import sys
 
 import pytest
+
+from test_bench import internal_words, without_tf_log_setting
 
 # Independent of TensorFlow's version (the benchmark harness): one TF stage of CI runs it.
 pytestmark = pytest.mark.once
@@ -16,15 +18,53 @@ FULL_STATE = {"keras.optimizers.Adam": 8.0, "keras.optimizers.Adagrad": 4.0,
               "fusedopt.keras.LazyAdam": 8.0, "fusedopt.keras.Adagrad": 4.0}
 
 
+# The full run's part that tests/builds/test_bench.py's quick run leaves to this file (the
+# two runs, one file each, share CI's two workers; together they are every scenario).
+SCENARIOS = ("state_memory", "convergence")
+
+
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def user_run(tmp_path_factory):
+    """A user's run of these scenarios (no --aims): what it prints, results.json, report.md."""
     out = tmp_path_factory.mktemp("bench_state")
-    run = subprocess.run(
-        [sys.executable, "-m", "fusedopt.bench", "--quick", "--aims", "--scenarios",
-         "state_memory,convergence", "--out", str(out), "--markdown", str(out / "report.md")],
-        capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    argv = ["--quick", "--scenarios", ",".join(SCENARIOS), "--out", str(out),
+            "--markdown", str(out / "report.md")]
+    # Without matplotlib: the plot draws none of these scenarios (test_bench.py's run draws
+    # it), and with no scaling results to draw, its empty legends warn (UserWarning).
+    code = ("import sys\nsys.modules['matplotlib'] = None\n"
+            "from fusedopt.bench.cli import main\nsys.exit(main(%r))\n" % argv)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=without_tf_log_setting())
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    return json.loads((out / "results.json").read_text()), (out / "report.md").read_text()
+    return run, json.loads((out / "results.json").read_text()), (out / "report.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def results(user_run):
+    """The results with what --aims adds, and the --aims report, from the same numbers (what
+    the command line does with --aims: aims(results), report.markdown(developer=True))."""
+    from fusedopt.bench.aims import aims
+    from fusedopt.bench.report import markdown
+
+    data = dict(user_run[1])
+    assert "aims" not in data  # a user's run has none
+    data["aims"] = aims(data)
+    return data, markdown(data, "python -m fusedopt.bench --quick --aims", developer=True)
+
+
+@pytest.mark.slow
+def test_the_user_run_prints_its_stages_and_no_internal_words(user_run):
+    run, data, report = user_run
+    text = run.stdout + run.stderr
+    assert internal_words(text) == [], (internal_words(text), run.stdout[-3000:],
+                                        run.stderr[-3000:])
+    stages = re.findall(r"^\[(\d+)/(\d+)\] ", run.stdout, re.M)
+    assert stages == [(str(n), str(len(SCENARIOS) + 1)) for n in range(1, len(SCENARIOS) + 2)]
+    assert run.stdout.rstrip().splitlines()[-1].startswith("Plot: not drawn ")
+    assert set(SCENARIOS) <= set(data)
+    assert "### Embedding-scale optimizer state" in report
+    assert "### Convergence: synthetic CTR model" in report
+    assert report.count("| aim |") == 0 and internal_words(report) == [], internal_words(report)
 
 
 @pytest.mark.slow

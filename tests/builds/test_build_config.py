@@ -33,6 +33,7 @@ SOURCE_LISTS = ("CORE_HDRS", "GPU_HDRS", "GPU_CUDA_HDRS", "GPU_SRCS", "TF_HDRS",
                 "ABI_FLOOR_HDRS", "ABI_FLOOR_SRCS")
 
 
+@pytest.mark.once  # the sources alone: no TensorFlow, no build
 def test_every_cc_file_is_in_the_one_source_list():
     lists = read_sources()
     listed = [p for key in SOURCE_LISTS for p in lists[key]]
@@ -42,6 +43,7 @@ def test_every_cc_file_is_in_the_one_source_list():
     assert len(set(listed)) == len(listed)
 
 
+@pytest.mark.once  # the sources alone: no TensorFlow, no build
 def test_cuda_engine_instantiates_each_type_pair_once():
     """The CUDA engine's kernels are instantiated over several files (parallel compiles):
     together they cover exactly the (var, slot) pairs SlotStorageAllowed admits, each once,
@@ -61,6 +63,7 @@ def test_cuda_engine_instantiates_each_type_pair_once():
     assert sorted(pairs) == sorted(allowed)
 
 
+@pytest.mark.once  # the sources alone: no TensorFlow, no build
 def test_both_builds_read_the_one_source_list():
     with open(os.path.join(ROOT, "BUILD")) as f:
         build = f.read()
@@ -98,10 +101,20 @@ def test_python_rule_table_is_the_cpp_rules():
     assert ops.RULES == _core.rules()  # generated from it (test_registry.py checks the rest)
 
 
+@pytest.fixture(scope="module")
+def info_outputs():
+    """`python -m fusedopt.info`'s output with the huge-pages setting unset, "1" and "0"."""
+    from fusedopt import info
+    env = {k: v for k, v in os.environ.items() if k != info.HUGE_PAGES_SETTING}
+    return {value: subprocess.run(
+                [sys.executable, "-m", "fusedopt.info"], capture_output=True, text=True,
+                check=True, env=env if value is None else {**env, info.HUGE_PAGES_SETTING: value}
+            ).stdout for value in (None, "1", "0")}
+
+
 @pytest.mark.slow
-def test_info_command_lists_every_op_with_cpu_kernels():
-    out = subprocess.run([sys.executable, "-m", "fusedopt.info"], capture_output=True,
-                         text=True, check=True).stdout
+def test_info_command_lists_every_op_with_cpu_kernels(info_outputs):
+    out = info_outputs[None]
     names = re.findall(r"^\s+(FusedOpt>\w+)\s+(.*)$", out, re.M)
     # Every rule's four ops, its group and packed-group ops, and the member pack op.
     assert len(names) == 6 * len(_core.rules()) + 1 >= 37
@@ -111,13 +124,10 @@ def test_info_command_lists_every_op_with_cpu_kernels():
 
 
 @pytest.mark.slow
-def test_info_reports_whether_tables_get_huge_pages():
+def test_info_reports_whether_tables_get_huge_pages(info_outputs):
     from fusedopt import info
-    env = {k: v for k, v in os.environ.items() if k != info.HUGE_PAGES_SETTING}
-    for extra, expected in [({}, "on"), ({info.HUGE_PAGES_SETTING: "1"}, "on"),
-                            ({info.HUGE_PAGES_SETTING: "0"}, "off")]:
-        out = subprocess.run([sys.executable, "-m", "fusedopt.info"], capture_output=True,
-                             text=True, check=True, env={**env, **extra}).stdout
+    for value, expected in [(None, "on"), ("1", "on"), ("0", "off")]:
+        out = info_outputs[value]
         line = re.search(r"^huge_pages_for_tables\s+(\w+)", out, re.M).group(1)
         if expected == "on" and not info.huge_pages_available():
             expected = "unavailable"
@@ -162,34 +172,19 @@ def test_16bit_widening_is_exact(dtype):
     assert np.array_equal(got[~nan].view(np.uint32), expected[~nan].view(np.uint32))
 
 
-def run_python(code, env_extra):
-    env = dict(os.environ, **env_extra)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
-
-
 @pytest.mark.slow
-def test_library_built_for_another_tensorflow_raises_clear_import_error(tmp_path):
+def test_library_built_for_another_tensorflow_raises_clear_import_error(load_failures):
     import tensorflow as tf
 
-    foreign = tmp_path / "_fusedopt_ops.so"
-    foreign.write_bytes(open(_loader.library_path(), "rb").read())
-    (tmp_path / "_build_info.json").write_text(json.dumps({"tensorflow_version": "2.9.3"}))
-    result = run_python("from fusedopt import ops; ops.load_library()",
-                        {"FUSEDOPT_OPS_LIBRARY": str(foreign)})
-    assert result.returncode != 0
-    message = result.stderr
-    assert "ImportError" in message
+    _, message = load_failures["foreign"]
     assert "built for TensorFlow 2.9.3" in message and f"TensorFlow {tf.__version__}" in message
     assert _loader.REBUILD_COMMAND in message
 
 
 @pytest.mark.slow
-def test_missing_library_raises_import_error_with_build_command(tmp_path):
-    result = run_python("from fusedopt import ops; ops.load_library()",
-                        {"FUSEDOPT_OPS_LIBRARY": str(tmp_path / "_fusedopt_ops.so")})
-    assert result.returncode != 0
-    assert "ImportError" in result.stderr and "missing" in result.stderr
-    assert _loader.REBUILD_COMMAND in result.stderr
+def test_missing_library_raises_import_error_with_build_command(load_failures):
+    _, message = load_failures["missing"]
+    assert "missing" in message and _loader.REBUILD_COMMAND in message, message
 
 
 # Small sizes (seconds): --quick is sized to show the speed-up, which these tests do not time.
@@ -289,19 +284,29 @@ def _describe(proc):
     return "%s\n%s%s" % (harness.describe_exit(proc), proc.stdout[-2000:], proc.stderr[-2000:])
 
 
-@pytest.mark.slow
-def test_damaged_op_library_is_an_import_error(tmp_path):
-    # One subprocess tries every kind of damage in turn (the loader re-reads the path each
-    # time); the old behaviour for a truncated file was SIGBUS, killing it.
+@pytest.fixture(scope="module")
+def load_failures(tmp_path_factory):
+    """kind -> the ImportError's message, for every op library the loader must refuse: each
+    kind of damage, one missing, one built for another TensorFlow. One subprocess tries them
+    all in turn through fusedopt._loader, which ops.load_library calls (importing fusedopt.ops
+    would load the package's own library first); the loader re-reads the path each time, and
+    each try fails before dlopen. The old behaviour for a truncated file was SIGBUS."""
+    tmp_path = tmp_path_factory.mktemp("load_failures")
     package = _package_copy(tmp_path)
-    damaged = {}
+    libraries = {}
     for kind in DAMAGE:
         path = tmp_path / kind / "_fusedopt_ops.so"
         path.parent.mkdir()
         shutil.copy(package / "_fusedopt_ops.so", path)
         shutil.copy(package / "_build_info.json", path.parent / "_build_info.json")
         _damage(str(path), kind)
-        damaged[kind] = str(path)
+        libraries[kind] = str(path)
+    libraries["missing"] = str(tmp_path / "missing" / "_fusedopt_ops.so")
+    foreign = tmp_path / "foreign" / "_fusedopt_ops.so"
+    foreign.parent.mkdir()
+    shutil.copy(package / "_fusedopt_ops.so", foreign)
+    (foreign.parent / "_build_info.json").write_text(json.dumps({"tensorflow_version": "2.9.3"}))
+    libraries["foreign"] = str(foreign)
     code = ("import json, os, sys\n"
             "from fusedopt import _loader\n"
             "for kind, path in json.loads(sys.argv[1]).items():\n"
@@ -313,14 +318,20 @@ def test_damaged_op_library_is_an_import_error(tmp_path):
             "        print('IMPORTERROR', kind, ' '.join(str(e).split()), flush=True)\n"
             "    else:\n"
             "        print('LOADED', kind, flush=True)\n")
-    proc = _run_in(package, ["-c", code, json.dumps(damaged)])
+    proc = _run_in(package, ["-c", code, json.dumps(libraries)])
     assert proc.returncode == 0, _describe(proc)
-    lines = dict(line.split(" ", 2)[1:] for line in proc.stdout.splitlines()
-                 if line.startswith("IMPORTERROR"))
+    failures = dict(line.split(" ", 2)[1:] for line in proc.stdout.splitlines()
+                    if line.startswith("IMPORTERROR"))
+    assert set(failures) == set(libraries), _describe(proc)
+    return {kind: (libraries[kind], message) for kind, message in failures.items()}
+
+
+@pytest.mark.slow
+def test_damaged_op_library_is_an_import_error(load_failures):
     for kind, problem in DAMAGE.items():
-        assert kind in lines, _describe(proc)
-        assert damaged[kind] in lines[kind] and problem in lines[kind], lines[kind]
-        assert _loader.REBUILD_COMMAND in lines[kind], lines[kind]
+        path, message = load_failures[kind]
+        assert path in message and problem in message, message
+        assert _loader.REBUILD_COMMAND in message, message
 
 
 @pytest.mark.parametrize("kind", sorted(DAMAGE))
@@ -349,6 +360,7 @@ def test_info_command_reports_a_damaged_library(tmp_path, library):
     assert "Traceback" not in proc.stderr, _describe(proc)
 
 
+@pytest.mark.once  # the sources alone: no TensorFlow, no build
 @pytest.mark.parametrize("archs", ["sm90", "sm_90 cuda_80"])
 def test_a_wrong_cuda_target_is_named_before_anything_builds(archs):
     """FUSEDOPT_CUDA_ARCHS narrows the CUDA targets; a value that is not one stops setup.py
@@ -362,6 +374,7 @@ def test_a_wrong_cuda_target_is_named_before_anything_builds(archs):
     assert "sm_80 sm_90 compute_90" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.once  # the sources alone: no TensorFlow, no build
 def test_nvcc_settings_are_written_once():
     """setup.py, BUILD and tools/gpu_check.sh read cc/core/gpu/nvcc_flags.txt: no other
     file spells an nvcc flag or an architecture list."""
