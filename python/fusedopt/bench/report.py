@@ -304,8 +304,9 @@ def _scaling_lines(touched_ax, table_ax, scaling):
             ax.set_yscale("log")  # linear work shows as a straight line
         ax.set_xlabel(label)
         ax.set_ylabel("ms / step (fusedopt sparse LazyAdam)")
-    touched_ax.legend()
-    table_ax.legend()
+    for ax in {touched_ax, table_ax}:  # a run without the scaling scenario drew nothing
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
 
 
 def plot(results, path):
