@@ -76,7 +76,7 @@ def test_relative_links_resolve(document):
 
 def test_contributing_keeps_the_facts_moved_from_the_readme():
     text = read("CONTRIBUTING.md")
-    for fact in ("-n 2 --dist loadfile", "About 43 minutes on 2 cores",
+    for fact in ("-n 2 --dist loadfile", "About 45 minutes on 2 cores",
                  "once", '-m "not slow and not large" tests', "FUSEDOPT_WERROR=1",
                  "FUSEDOPT_JOBS", "auditwheel", "tools/check_wheel.sh", "cc/compat/abi_floor.h",
                  "tools/test_matrix.sh", "FUSEDOPT_GPU_STANDIN=1", "GPU_CHECK_BUDGET_S",
