@@ -95,3 +95,20 @@ def test_core_build_ab_builds_this_tree_and_compares_it_with_the_installed_core(
     for row in result["summary"].values():
         assert len(row["a_ms"]) == len(row["b_ms"]) == 1
         assert row["a_ms"][0] > 0 and row["b_ms"][0] > 0
+
+
+@pytest.mark.slow
+def test_table_size_flat_tool_times_every_form_at_both_sizes(tmp_path):
+    """benchmarks/experiments/table_size_flat.py (BENCHMARKS.md's "flat in the table's size")
+    in its quick form: every form (tf.function, both XLA lowerings) and the floor probe at
+    both table sizes, and the ratio per touched row from those times."""
+    result = run_ab_tool_quick("table_size_flat.py", tmp_path)
+    assert set(result["summary"]) == {"tf.function", "XLA custom call", "XLA HLO lowering",
+                                      "floor (plain C++)"}
+    small, large = (str(r) for r in result["sizes"])
+    for name, row in result["summary"].items():
+        assert row["small_ms"] > 0 and row["large_ms"] > 0, name
+        ratio = ((row["large_ms"] / result["unique_ids"][large])
+                 / (row["small_ms"] / result["unique_ids"][small]))
+        assert abs(row["per_touched_row_large_over_small"] - ratio) < 1e-9, name
+    assert len(result["runs_ms"]) == 2 * 3
