@@ -19,6 +19,14 @@
 #else
 #define FO_HOST_DEVICE inline
 #endif
+// For the host, too, always inlined: a loop the CPU engine calls once per row, which its
+// vector-ISA clones (cpu_isa.h) must compile with their own instructions, not call at the
+// baseline's.
+#if defined(__CUDACC__) || !defined(__GNUC__)
+#define FO_HOST_DEVICE_INLINE FO_HOST_DEVICE
+#else
+#define FO_HOST_DEVICE_INLINE inline __attribute__((always_inline))
+#endif
 
 namespace fusedopt {
 

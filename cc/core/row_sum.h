@@ -20,7 +20,7 @@ constexpr int kRowSumLanes = 32;
 
 // lanes[0] = the fold of lanes[0 .. 32) (the lanes are overwritten).
 template <typename C>
-FO_HOST_DEVICE C FoldRowLanes(C* lanes) {
+FO_HOST_DEVICE_INLINE C FoldRowLanes(C* lanes) {
   for (int w = kRowSumLanes / 2; w > 0; w /= 2) {
     for (int j = 0; j < w; ++j) lanes[j] += lanes[j + w];
   }
@@ -30,7 +30,7 @@ FO_HOST_DEVICE C FoldRowLanes(C* lanes) {
 // The row sum of Rule::RowTerm over grad[0 .. n), grad in storage type G (a row of the
 // caller's gradient) or the compute type (a duplicate-summed row).
 template <typename Rule, typename C, typename G>
-FO_HOST_DEVICE C RowSum(const G* grad, int64_t n) {
+FO_HOST_DEVICE_INLINE C RowSum(const G* grad, int64_t n) {
   C lanes[kRowSumLanes];
   for (int j = 0; j < kRowSumLanes; ++j) lanes[j] = C(0);
   int64_t i = 0;
