@@ -13,7 +13,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import sys
 import time
 import warnings
@@ -24,6 +23,7 @@ from fusedopt.bench import convergence, largest_table, ps, state
 from fusedopt.bench.aims import aims
 from fusedopt.bench.config import THREADS, sizes
 from fusedopt.bench.contenders import RULES
+from fusedopt.bench.machine import describe as describe_cpu, machine_words
 from fusedopt.bench.report import CONTENDER_TABLES, markdown, plot
 
 PROG = "python -m fusedopt.bench"
@@ -314,7 +314,7 @@ def keras_version(tf):
 def environment(tf, args, cfg):
     torch = libraries.torch()
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "machine": machine_words(), "cpu": describe_cpu(),
             "tensorflow": tf.__version__, "keras": keras_version(tf),
             "torch": torch.__version__ if torch else None,
             "python": sys.version.split()[0], "quick": args.quick, "config": cfg,

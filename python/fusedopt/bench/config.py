@@ -25,7 +25,7 @@ def sizes(quick):
 
 
 def embedding_sizes(quick):
-    """Sizes of the embedding-scale scenarios (state_memory, convergence: issue 32)."""
+    """Sizes of the embedding-scale scenarios (state_memory, convergence)."""
     if quick:
         return dict(state=dict(rows=200_000, dim=64, ids=2048, warmup=2, steps=3),
                     convergence=dict(rows=5_000, dim=8, features=4, hidden=16, batch=256,

@@ -1,4 +1,4 @@
-"""Convergence of the compact-state rules on a synthetic click-through problem (issue 32):
+"""Convergence of the compact-state rules on a synthetic click-through problem:
 does row-wise Adagrad (partial row-wise Adam, bf16 slots) reach the held-out log-loss of
 its full-state float32 counterpart after the same steps?
 

@@ -1,6 +1,6 @@
 """The ``sparse_fbgemm`` scenario: fusedopt's sparse Adagrad and row-wise Adagrad ops beside
 FBGEMM's CPU TBE (EXACT_ADAGRAD, EXACT_ROWWISE_ADAGRAD), the update alone and lookup +
-update, at 1 and 2 threads, on the sparse scenario's Zipf ids (issue 33).
+update, at 1 and 2 threads, on the sparse scenario's Zipf ids.
 
 FBGEMM runs in its own venv and process (``fbgemm.py``, ``fbgemm_worker.py``); without
 one (FUSEDOPT_FBGEMM_PYTHON unset) the scenario prints one line and is skipped. TF's

@@ -27,7 +27,6 @@ import argparse
 import decimal
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -36,6 +35,7 @@ import time
 import numpy as np
 
 from fusedopt.bench.config import LR, largest_table_sizes
+from fusedopt.bench.machine import machine_words
 from fusedopt.bench.report import megabytes
 from fusedopt.bench.state import BF16, Contender, Unavailable, state_of
 
@@ -430,7 +430,7 @@ def environment(cfg, sweep):
     points = [p for k, e in sweep.items() if not k.startswith("_") for p in e["points"]]
     versions = next((p for p in points if "tensorflow" in p), {})
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "machine": machine_words(),
             "memory_total_GB": os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / GB,
             "python": sys.version.split()[0], "tensorflow": versions.get("tensorflow"),
             "keras": versions.get("keras"), "config": cfg}

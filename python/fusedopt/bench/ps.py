@@ -35,7 +35,6 @@ import importlib.util
 import json
 import logging
 import os
-import platform
 import sys
 import time
 from collections import deque
@@ -43,6 +42,7 @@ from collections import deque
 from fusedopt import _console
 from fusedopt.bench.config import LR
 from fusedopt.bench.largest_table import mem_available
+from fusedopt.bench.machine import machine_words
 from fusedopt.bench.report import megabytes
 from fusedopt.bench.state import Contender
 from fusedopt.local_cluster import LocalCluster, process_memory, reset_peak_memory
@@ -309,16 +309,8 @@ def run_one(tf, strategy, coordinator, cluster, cfg, contender, label, data, pro
 def environment(tf, cfg):
     import numpy as np
 
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f
-                          if line.startswith("model name")), "")
-    except OSError:
-        pass
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores"
-                       + (f", {model}" if model else ""),
+            "machine": machine_words(),
             "memory_available_bytes": mem_available(),
             "tensorflow": tf.__version__, "keras": keras_name(tf),
             "numpy": np.__version__, "python": sys.version.split()[0],

@@ -1,4 +1,4 @@
-"""Embedding-scale optimizer state (issue 32): what each optimizer / slot storage keeps per
+"""Embedding-scale optimizer state: what each optimizer / slot storage keeps per
 parameter of one large table, the process's peak memory, and its sparse step.
 
 Each contender runs in its own child process (``--state-memory-child N``), one after the
