@@ -93,7 +93,13 @@ def test_quick_benchmark_runs_the_step_scenarios_and_contenders_agree(tmp_path):
         assert meta["floor_ms"] == meta["floor_group_ms"] + meta["floor_rows_ms"]
         assert meta["fusedopt_x_floor"] == rows["fusedopt (raw op)"]["median_ms"] / meta["floor_ms"]
     floor_aims = [a for a in results["aims"] if "/ the floor" in a["aim"]]
-    assert len(floor_aims) == 2 and all(a["value"] > 0 for a in floor_aims), floor_aims
+    # Every rule of the scenario, each row naming the CPU the ratio was measured on.
+    cpu = results["environment"]["cpu"]["words"]
+    assert [a["aim"] for a in floor_aims] == [
+        f"sparse {rule} raw op / the floor on {cpu}" for rule in sparse
+        if not rule.startswith("_")], floor_aims
+    assert all(a["value"] > 0 and a["target"] == "<= 1.3" for a in floor_aims), floor_aims
+    assert cpu in results["environment"]["machine"]
     xla = {"fusedopt.keras.LazyAdam, XLA", "fusedopt (raw op), XLA",
            "fusedopt (raw op), XLA, HLO lowering", "fusedopt (raw op), no XLA", "tf.keras Adam, XLA"}
     assert len(results["sparse_xla"]) == 2  # two table sizes
