@@ -92,6 +92,9 @@ def test_quick_benchmark_runs_the_step_scenarios_and_contenders_agree(tmp_path):
         assert meta["floor_group_ms"] > 0 and meta["floor_rows_ms"] > 0, (rule, meta)
         assert meta["floor_ms"] == meta["floor_group_ms"] + meta["floor_rows_ms"]
         assert meta["fusedopt_x_floor"] == rows["fusedopt (raw op)"]["median_ms"] / meta["floor_ms"]
+        assert 0 < meta["tf_function_call_ms"] < rows["fusedopt (raw op)"]["median_ms"] * 10
+        assert meta["fusedopt_less_call_x_floor"] == (
+            rows["fusedopt (raw op)"]["median_ms"] - meta["tf_function_call_ms"]) / meta["floor_ms"]
     floor_aims = [a for a in results["aims"] if "/ the floor" in a["aim"]]
     # Every rule of the scenario, each row naming the CPU the ratio was measured on.
     cpu = results["environment"]["cpu"]["words"]

@@ -56,6 +56,10 @@ def meta_words(key, meta):
     if "fusedopt_x_floor" in meta:
         words.append(f"fusedopt's op takes {meta['fusedopt_x_floor']:.1f}x the time of only "
                      f"reading, updating and writing those rows ({meta['floor_ms']:.2f} ms)")
+    if "fusedopt_less_call_x_floor" in meta:
+        words.append(f"a tf.function call with the same inputs that does nothing takes "
+                     f"{meta['tf_function_call_ms']:.2f} ms here; less that fixed cost, "
+                     f"{meta['fusedopt_less_call_x_floor']:.1f}x")
     if "bytes_per_step" in meta:
         words.append(f"{megabytes(meta['bytes_per_step'])} MB read and written per step")
     same = meta.get("same_buffers_ms")

@@ -9,7 +9,7 @@ from fusedopt.bench import libraries
 from fusedopt.bench.config import THREADS
 from fusedopt.bench.contenders import COMPOSED_TF_OPS, RULES, add_optimizer
 from fusedopt.bench.memory import wait_for_huge_pages
-from fusedopt.bench.timing import check_and_time, cycling, quiet_function
+from fusedopt.bench.timing import check_and_time, cycling, median_ms, quiet_function, time_contenders
 
 XLA_RULE = "lazy_adam"  # the rule of the "sparse step under XLA" scenario
 
@@ -226,6 +226,7 @@ def scenario_sparse(tf, cfg, progress):
     """Every rule's sparse step on one Zipf-distributed embedding problem."""
     out = {}
     problem = Problem(cfg["rows"], cfg["dim"], cfg["ids"], cfg["check_steps"])
+    call_ms = call_cost_ms(tf, problem, cfg)
     for rule in RULES:
         progress(f"sparse {rule}: {cfg['rows']:,} x {cfg['dim']} table, {cfg['ids']:,} ids/step")
         out[rule] = measure(cfg, progress, problem, *rule_contenders(tf, problem, rule))
@@ -233,15 +234,25 @@ def scenario_sparse(tf, cfg, progress):
         unique = len(np.unique(problem.batches[0][0]))
         out[rule]["_meta"] = {"unique_ids_per_step": unique,
                               **floor(problem, rule, out[rule]["fusedopt (raw op)"]["median_ms"],
-                                      cfg["repeats"])}
+                                      cfg["repeats"], call_ms)}
     return out
 
 
-def floor(problem, rule, fused_ms, repeats):
+def call_cost_ms(tf, problem, cfg):
+    """The median cost of calling a tf.function that takes the raw op's inputs (ids,
+    gradient, step) and does nothing with them: what every TF contender pays per step
+    before any work, and the plain-C++ floor does not."""
+    nothing = SparseSteps(tf, problem, "adagrad")._cycling(
+        quiet_function(tf, lambda i, g, t: tf.identity(t)), problem.batches)
+    times = time_contenders({"call": nothing}, cfg["steps"], cfg["repeats"], lambda _: None)
+    return median_ms(times)["call"]
+
+
+def floor(problem, rule, fused_ms, repeats, call_ms=None):
     """The floor of this rule's sparse step on the problem (fusedopt._core.sparse_floor:
     group the ids and sum duplicates on one thread, then read, update and write exactly the
     touched rows of var and the rule's slots on THREADS threads), and the raw op's step
-    as a multiple of it."""
+    as a multiple of it; with `call_ms` (call_cost_ms), also less that fixed cost."""
     from fusedopt import _core
 
     layouts = _core.rules()[rule]["slot_layouts"].values()
@@ -249,8 +260,12 @@ def floor(problem, rule, fused_ms, repeats):
                                element_slots=sum(x == "per_element" for x in layouts),
                                row_slots=sum(x == "per_row" for x in layouts),
                                num_threads=THREADS, repeats=max(5, 4 * repeats))
-    return {"floor_ms": probe["floor_ms"], "floor_group_ms": probe["group_ms"],
-            "floor_rows_ms": probe["rows_ms"], "fusedopt_x_floor": fused_ms / probe["floor_ms"]}
+    out = {"floor_ms": probe["floor_ms"], "floor_group_ms": probe["group_ms"],
+           "floor_rows_ms": probe["rows_ms"], "fusedopt_x_floor": fused_ms / probe["floor_ms"]}
+    if call_ms is not None:
+        out["tf_function_call_ms"] = call_ms
+        out["fusedopt_less_call_x_floor"] = (fused_ms - call_ms) / probe["floor_ms"]
+    return out
 
 
 def scenario_sparse_xla(tf, cfg, progress):
