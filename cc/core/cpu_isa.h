@@ -18,6 +18,15 @@
 #define FUSEDOPT_CPU_DISPATCH 0
 #endif
 
+// Before a loop whose pointers never overlap (each a separate buffer: the ops check or
+// separate them first), so that GCC vectorises it without run-time overlap checks, whose
+// count it caps: restrict parameters do not survive always_inline.
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define FO_LOOP_NO_ALIAS _Pragma("GCC ivdep")
+#else
+#define FO_LOOP_NO_ALIAS
+#endif
+
 #if defined(__GNUC__)
 #define FO_ALWAYS_INLINE inline __attribute__((always_inline))
 #else

@@ -79,6 +79,36 @@ FO_ALWAYS_INLINE void UpdateRowLoop(const ParamsFor<Rule, T>& p, T* __restrict v
   }
 }
 
+// Rules with up to this many slots get each slot as a pointer of its own and the loop
+// FO_LOOP_NO_ALIAS: with an array of slot pointers, or one overlap check per pair of
+// pointers (GCC caps their number), the 3-slot centered RMSprop's loop stayed scalar and
+// ran 2.2x slower than TF's own kernel.
+constexpr int kMaxRestrictSlots = 3;
+
+template <typename Rule, typename T, typename S, typename G, bool kStochastic>
+FO_ALWAYS_INLINE void UpdateElementLoop(const ParamsFor<Rule, T>& p, T* __restrict var,
+                                        const G* __restrict grad, int64_t n,
+                                        S* __restrict s0, S* __restrict s1,
+                                        S* __restrict s2) {
+  using C = ComputeType<T>;
+  constexpr int kSlots = NumSlots<Rule>();
+  static_assert(kSlots >= 1 && kSlots <= kMaxRestrictSlots);
+  FO_LOOP_NO_ALIAS
+  for (int64_t i = 0; i < n; ++i) {
+    C v = Load(var[i]);
+    const uint32_t salt = SaltBits(v) ^ p.rounding_salt;
+    C s[kSlots];
+    s[0] = Load(s0[i]);
+    if constexpr (kSlots > 1) s[1] = Load(s1[i]);
+    if constexpr (kSlots > 2) s[2] = Load(s2[i]);
+    Rule::Update(p, v, s, Load(grad[i]));
+    Store(var[i], v);
+    StoreSlot<kStochastic>(s0[i], s[0], salt, 0);
+    if constexpr (kSlots > 1) StoreSlot<kStochastic>(s1[i], s[1], salt, 1);
+    if constexpr (kSlots > 2) StoreSlot<kStochastic>(s2[i], s[2], salt, 2);
+  }
+}
+
 // Updates n consecutive elements; for a rule with a per-row phase, exactly one row. G is the gradient's type: T straight from the
 // caller's buffer, or ComputeType<T> for a duplicate-summed row. The slot-count
 // specialisations give the compiler restrict pointers so the loop vectorises.
@@ -90,28 +120,10 @@ FO_ALWAYS_INLINE void UpdateSpanLoop(const ParamsFor<Rule, T>& p, T* __restrict 
   constexpr int kSlots = NumSlots<Rule>();
   if constexpr (HasRowPhase<Rule>()) {
     UpdateRowLoop<Rule, T, S, G, kStochastic>(p, var, slots, grad, n);
-  } else if constexpr (kSlots == 1) {
-    S* __restrict s0 = slots[0];
-    for (int64_t i = 0; i < n; ++i) {
-      C v = Load(var[i]);
-      const uint32_t salt = SaltBits(v) ^ p.rounding_salt;
-      C s[1] = {Load(s0[i])};
-      Rule::Update(p, v, s, Load(grad[i]));
-      Store(var[i], v);
-      StoreSlot<kStochastic>(s0[i], s[0], salt, 0);
-    }
-  } else if constexpr (kSlots == 2) {
-    S* __restrict s0 = slots[0];
-    S* __restrict s1 = slots[1];
-    for (int64_t i = 0; i < n; ++i) {
-      C v = Load(var[i]);
-      const uint32_t salt = SaltBits(v) ^ p.rounding_salt;
-      C s[2] = {Load(s0[i]), Load(s1[i])};
-      Rule::Update(p, v, s, Load(grad[i]));
-      Store(var[i], v);
-      StoreSlot<kStochastic>(s0[i], s[0], salt, 0);
-      StoreSlot<kStochastic>(s1[i], s[1], salt, 1);
-    }
+  } else if constexpr (kSlots <= kMaxRestrictSlots) {
+    UpdateElementLoop<Rule, T, S, G, kStochastic>(p, var, grad, n, slots[0],
+                                                  kSlots > 1 ? slots[1] : nullptr,
+                                                  kSlots > 2 ? slots[2] : nullptr);
   } else {
     for (int64_t i = 0; i < n; ++i) {
       C v = Load(var[i]);
