@@ -49,7 +49,7 @@ TITLES = {"sparse": "the sparse embedding step, every optimizer",
                           "per optimizer",
           "convergence": "held-out loss of the compact-state optimizers"}
 
-FULL_RUN_COST = "about 35 minutes on a 2-core machine and up to 15 GB of memory"
+FULL_RUN_COST = "about 45 minutes on a 2-core machine and up to 15 GB of memory"
 FBGEMM_PEER = "FBGEMM (it runs in an environment of its own: BENCHMARKS.md says how)"
 
 DESCRIPTION = f"""\
