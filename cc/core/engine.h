@@ -271,6 +271,39 @@ void AdviseHugePagesFor(const T* var, S* const* slots, int64_t num_rows, int64_t
 // Rough cycles per element of one update, for the executor's work splitting.
 constexpr int64_t kCyclesPerElement = 12;
 
+// The sparse step's work is split by cost, not by row: a group costs its table rows (read
+// and written back: two transfers per per-element array, one for a per-row slot) plus one
+// read per gradient row it sums. Embedding ids are skewed (Zipf): the first rows to appear
+// are the hot ones, and an even split by rows gave one thread about three quarters of the
+// gradient rows of a 16K-id batch.
+template <typename Rule>
+constexpr int64_t GroupWeight() {
+  int64_t weight = 2;  // var
+  for (int k = 0; k < NumSlots<Rule>(); ++k) weight += IsPerRowSlot<Rule>(k) ? 1 : 2;
+  return weight;
+}
+
+// Cost units of the sparse step: group g covers [Start(g), Start(g + 1)), and a block of
+// units updates the groups that start in it, so blocks of any split cover every group once.
+template <typename Rule>
+struct WeightedGroups {
+  const RowGroups& groups;
+  int64_t Start(int64_t g) const { return GroupWeight<Rule>() * g + groups.offsets[g]; }
+  int64_t Units() const { return Start(groups.size()); }
+  int64_t FirstStartingAt(int64_t unit) const {  // the first group with Start(g) >= unit
+    int64_t lo = 0, hi = groups.size();
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (Start(mid) < unit) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    return lo;
+  }
+};
+
 // Updates group g's row with the sum of its gradient rows (sum_order.h's order, the GPU
 // engine's: each chunk left to right, then the chunk sums left to right, in compute
 // type); a row named once takes its gradient row as it is. `summed` and `partial` are
@@ -403,8 +436,12 @@ std::string ApplySparse(const ParamsFor<Rule, T>& p, T* var, S* const* slots, in
   }
   const RowGroups& groups = *grouped;
   detail::AdviseHugePagesFor<Rule>(var, slots, num_rows, row_size);
-  const int64_t cost = row_size * detail::kCyclesPerElement * n / groups.size();
-  executor.ParallelFor(groups.size(), cost, [&](int64_t first, int64_t last) {
+  const detail::WeightedGroups<Rule> weighted{groups};
+  const int64_t cost = std::max<int64_t>(
+      1, row_size * detail::kCyclesPerElement * n / weighted.Units());
+  executor.ParallelFor(weighted.Units(), cost, [&](int64_t begin, int64_t end) {
+    const int64_t first = weighted.FirstStartingAt(begin);
+    const int64_t last = weighted.FirstStartingAt(end);
     std::vector<C> summed, partial;  // per block, reused across its rows
     for (int64_t g = first; g < std::min(last, first + detail::kPrefetchRows); ++g) {
       detail::PrefetchGroup<Rule>(groups, g, var, slots, grad, row_size);

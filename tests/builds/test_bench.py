@@ -93,15 +93,18 @@ def test_quick_benchmark_runs_the_step_scenarios_and_contenders_agree(tmp_path):
         assert meta["floor_ms"] == meta["floor_group_ms"] + meta["floor_rows_ms"]
         assert meta["fusedopt_x_floor"] == rows["fusedopt (raw op)"]["median_ms"] / meta["floor_ms"]
         assert 0 < meta["tf_function_call_ms"] < rows["fusedopt (raw op)"]["median_ms"] * 10
-        assert meta["fusedopt_less_call_x_floor"] == (
-            rows["fusedopt (raw op)"]["median_ms"] - meta["tf_function_call_ms"]) / meta["floor_ms"]
+        assert meta["fusedopt_in_step_ms"] > 0
+        assert meta["fusedopt_in_step_x_floor"] == meta["fusedopt_in_step_ms"] / meta["floor_ms"]
     floor_aims = [a for a in results["aims"] if "/ the floor" in a["aim"]]
     # Every rule of the scenario, each row naming the CPU the ratio was measured on.
     cpu = results["environment"]["cpu"]["words"]
     assert [a["aim"] for a in floor_aims] == [
-        f"sparse {rule} raw op / the floor on {cpu}" for rule in sparse
+        f"sparse {rule} op in a training step / the floor on {cpu}" for rule in sparse
         if not rule.startswith("_")], floor_aims
     assert all(a["value"] > 0 and a["target"] == "<= 1.3" for a in floor_aims), floor_aims
+    assert [a["value"] for a in floor_aims] == [
+        rows["_meta"]["fusedopt_in_step_x_floor"] for rule, rows in sparse.items()
+        if not rule.startswith("_")]
     assert cpu in results["environment"]["machine"]
     xla = {"fusedopt.keras.LazyAdam, XLA", "fusedopt (raw op), XLA",
            "fusedopt (raw op), XLA, HLO lowering", "fusedopt (raw op), no XLA", "tf.keras Adam, XLA"}
@@ -155,6 +158,15 @@ def test_quick_benchmark_runs_the_step_scenarios_and_contenders_agree(tmp_path):
     if bench.huge_pages_available():  # the child process with the ops' advice off ran
         small = results["scaling"]["table_rows_small_pages"]
         assert set(small) == set(results["scaling"]["table_rows"])
+    # Flat in the table's size: every form, the two largest tables, per touched row.
+    scaling = results["scaling"]
+    assert set(scaling["table_rows_xla"]) == {"XLA, custom call", "XLA, HLO lowering"}
+    largest_two = sorted(scaling["table_rows"], key=int)[-2:]
+    for form, tables in scaling["table_rows_xla"].items():
+        assert sorted(tables, key=int) == largest_two and all(v > 0 for v in tables.values())
+    assert set(scaling["distinct_ids"]) == set(scaling["table_rows"])
+    flat = [a for a in results["aims"] if a["aim"].startswith("step per touched row")]
+    assert len(flat) == 3 + bench.huge_pages_available(), flat
 
 
 def test_a_mismatch_in_any_contender_table_fails_the_run():

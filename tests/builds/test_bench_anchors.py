@@ -68,3 +68,21 @@ def test_tensorflow_addons_lazy_adam_is_a_checked_contender_where_installed(tf, 
     contenders, oracles = rule_contenders(tf, problem, "lazy_adam")
     row = checked(contenders, oracles, "tensorflow_addons LazyAdam", problem)
     assert row["semantics"] == "lazy" and row["match"], row
+
+
+@pytest.mark.parametrize("rule", ["lazy_adam", "row_wise_adagrad", "centered_rms_prop"])
+def test_the_in_step_measure_runs_each_update_once_in_order(tf, problem, rule):
+    # The floor aim times fused_in_step: its calls must be the very updates the one-update
+    # step makes (same batches in turn, same step counts t), bit for bit, so that it times
+    # the op's work and nothing less.
+    from fusedopt.bench.sparse import SparseSteps
+
+    steps = SparseSteps(tf, problem, rule)
+    one, one_var = steps.fused(problem.batches)
+    several, several_var = steps.fused_in_step(problem.batches, updates_per_call=3)
+    for _ in range(6):
+        one()
+    for _ in range(2):
+        several()
+    np.testing.assert_array_equal(several_var.numpy(), one_var.numpy())
+    assert not np.array_equal(one_var.numpy(), problem.init)

@@ -65,24 +65,42 @@ def test_this_machine_is_named_with_its_cores():
 def test_floor_aims_cover_every_rule_at_1_3_and_name_the_cpu():
     def row(x):
         return {"x_fusedopt": x}
-    sparse = {"lazy_adam": {"tf.keras Adam": row(50.0), "_meta": {"fusedopt_x_floor": 1.1}},
+    sparse = {"lazy_adam": {"tf.keras Adam": row(50.0), "_meta": {"fusedopt_in_step_x_floor": 1.1,
+                                                                   "fusedopt_x_floor": 1.9}},
               "adagrad": {"TF ResourceSparseApplyAdagradV2 (+dedup)": row(4.0),
                           "_meta": {}},  # not measured: no verdict
-              "row_wise_adagrad": {"_meta": {"fusedopt_x_floor": 2.0}}}
+              "row_wise_adagrad": {"_meta": {"fusedopt_in_step_x_floor": 2.0}}}
     cpu = machine.describe()
     found = [r for r in aims.aims({"sparse": sparse, "environment": {"cpu": cpu}})
              if "the floor" in r["aim"]]
     on = f" on {cpu['words']}"
     assert found == [
-        aims.aim(f"sparse lazy_adam raw op / the floor{on}", 1.1, 1.3, at_most=True),
-        aims.aim(f"sparse adagrad raw op / the floor{on}", None, 1.3, at_most=True),
-        aims.aim(f"sparse row_wise_adagrad raw op / the floor{on}", 2.0, 1.3, at_most=True)]
+        aims.aim(f"sparse lazy_adam op in a training step / the floor{on}", 1.1, 1.3, at_most=True),
+        aims.aim(f"sparse adagrad op in a training step / the floor{on}", None, 1.3, at_most=True),
+        aims.aim(f"sparse row_wise_adagrad op in a training step / the floor{on}", 2.0, 1.3, at_most=True)]
     assert [r["met"] for r in found] == [True, None, False]
     # An earlier run's results (no "cpu" recorded): the rows, without a CPU.
-    assert aims.sparse_aims(sparse)[-1]["aim"] == "sparse row_wise_adagrad raw op / the floor"
+    assert aims.sparse_aims(sparse)[-1]["aim"] == "sparse row_wise_adagrad op in a training step / the floor"
 
 
 @pytest.mark.parametrize("text,expected", [("32K", 32 << 10), ("1M", 1 << 20), ("512", 512),
                                            ("", None), ("K", None), ("12Q", None)])
 def test_cache_size_words(text, expected):
     assert machine._size_bytes(text) == expected
+
+
+def test_the_table_size_aims_compare_the_two_largest_tables_per_touched_row():
+    # 10M rows at 12 ms touching 99,500 distinct rows, 1M rows at 10 ms touching 95,000:
+    # per touched row (12 / 99,500) / (10 / 95,000). The smallest table is not compared.
+    scaling = {"table_rows": {"100000": 3.0, "1000000": 10.0, "10000000": 12.0},
+               "table_rows_xla": {"XLA, custom call": {"1000000": 8.0, "10000000": 16.0}},
+               "distinct_ids": {"100000": 63_000, "1000000": 95_000, "10000000": 99_500}}
+    rows = aims.scaling_aims(scaling)
+    assert [r["aim"] for r in rows] == [
+        "step per touched row at 10,000,000 table rows / at 1,000,000 (tf.function)",
+        "step per touched row at 10,000,000 table rows / at 1,000,000 (XLA, custom call)"]
+    assert rows[0]["value"] == pytest.approx(12 / 99_500 / (10 / 95_000))
+    assert rows[1]["value"] == pytest.approx(16 / 99_500 / (8 / 95_000))
+    assert [r["met"] for r in rows] == [True, False]
+    del scaling["distinct_ids"]  # an earlier run's results: per step, said so
+    assert aims.scaling_aims(scaling)[0]["aim"].startswith("step time at 10,000,000")

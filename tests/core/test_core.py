@@ -174,6 +174,32 @@ def test_num_threads_bit_identical(rule, dtype, kind):
     npref.assert_close(var, exp[0], dtype)
 
 
+@pytest.mark.parametrize("rule", RULE_NAMES)
+def test_skewed_ids_every_row_once_at_any_thread_count(rule):
+    # The sparse step splits its rows among threads by cost (a row's table rows plus the
+    # gradient rows it sums): with one id holding most of the batch, a thread's share may
+    # fall inside that row's gradient rows. Every row must still be updated exactly once,
+    # whatever the split: the same bits at every thread count, and the oracle's numbers.
+    rng = np.random.default_rng(31)
+    shape = (3000, 16)
+    var0, slots0 = harness.make_state(rule, shape, "float", rng)
+    hyper = harness.hyper_for(rule, "float", 3)
+    hot = np.full(5000, 7, np.int64)  # one row, then a tail of rare ones, shuffled
+    indices = np.concatenate([hot, rng.integers(0, shape[0], 3000)])
+    indices = indices[rng.permutation(len(indices))]
+    grad = harness.make_grad((len(indices), shape[1]), "float", rng)
+    results = []
+    for threads in (1, 2, 3, 5, 8):
+        var, slots = var0.copy(), _copy(slots0)
+        _core.apply_sparse(rule, var, slots, grad, indices, hyper, {}, num_threads=threads)
+        results.append(_snapshot([var] + slots))
+    assert all(r == results[0] for r in results[1:])
+    expected = npref.sparse_update(rule, var0, slots0, grad, indices, hyper)
+    npref.assert_close(var, expected[0], "float")
+    untouched = np.setdiff1d(np.arange(shape[0]), indices)
+    assert var[untouched].tobytes() == var0[untouched].tobytes()
+
+
 # --- sparse semantics ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("index_dtype", INDEX_DTYPES, ids=_ids)

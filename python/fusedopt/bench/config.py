@@ -17,7 +17,7 @@ def sizes(quick):
                 dense_params=16 * 2**20, dense_steps=10, bandwidth_params=1 << 27,
                 touched=[1024, 4096, 16384, 65536, 262144],
                 tables=[100_000, 1_000_000, 10_000_000],
-                scaling_table=1_000_000, scaling_ids=16_384, scaling_steps=20,
+                scaling_table=1_000_000, scaling_ids=100_000, scaling_steps=20,
                 small_pairs=500, small_dim=64, small_steps=10, small_loop_steps=10,
                 dense_sizes=[16 * 2**20, 128 * 2**20],
                 xla_tables=[10_000, 1_000_000],

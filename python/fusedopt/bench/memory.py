@@ -28,18 +28,47 @@ def anon_huge_pages_mb():
     return None
 
 
-def sparse_lazy_adam_step(tf, cfg, rows, ids, num_batches):
-    """A fused sparse LazyAdam step on a rows x dim table, cycling through `num_batches`
-    batches of `ids` uniform ids (more batches: fewer rows still cached from before)."""
+def lazy_adam_table(tf, cfg, rows, ids, num_batches):
+    """A rows x dim LazyAdam table (var, m, v) and `num_batches` batches of `ids` uniform
+    ids with their gradients (more batches: fewer rows still cached from before), and the
+    batches' mean number of distinct ids."""
+    rng = np.random.default_rng(2)
+    variables = [tf.Variable(tf.zeros([rows, cfg["dim"]])) for _ in range(3)]
+    ids_list = [rng.integers(0, rows, ids) for _ in range(num_batches)]
+    batches = [(tf.constant(i), tf.constant(rng.normal(0, 1, (ids, cfg["dim"])).astype(np.float32)))
+               for i in ids_list]
+    return variables, batches, float(np.mean([len(np.unique(i)) for i in ids_list]))
+
+
+def lazy_adam_update(tf, variables, form="tf.function"):
+    """The fused sparse LazyAdam op on `variables` in one of TABLE_FORMS: a tf.function, or
+    compiled by XLA with the op's custom call (XLA:CPU's lowering) or its HLO lowering
+    (XLA:GPU's, forced here with FUSEDOPT_XLA_LOWERING=hlo)."""
     from fusedopt import ops
 
-    rng = np.random.default_rng(2)
-    var, m, v = (tf.Variable(tf.zeros([rows, cfg["dim"]])) for _ in range(3))
-    batches = [(tf.constant(rng.integers(0, rows, ids)),
-                tf.constant(rng.normal(0, 1, (ids, cfg["dim"])).astype(np.float32)))
-               for _ in range(num_batches)]
+    var, m, v = variables
     update = quiet_function(tf, lambda i, g: ops.resource_sparse_apply_lazy_adam(
-        var, m, v, 0.5, 0.5, LR, BETA1, BETA2, EPS, g, i))
+        var, m, v, 0.5, 0.5, LR, BETA1, BETA2, EPS, g, i), jit_compile=form != "tf.function")
+    if form != "XLA, HLO lowering":
+        return update
+
+    def hlo_update(i, g):  # the lowering is chosen when the step compiles, at its first call
+        os.environ["FUSEDOPT_XLA_LOWERING"] = "hlo"
+        try:
+            update(i, g)
+        finally:
+            del os.environ["FUSEDOPT_XLA_LOWERING"]
+    return hlo_update
+
+
+TABLE_FORMS = ("tf.function", "XLA, custom call", "XLA, HLO lowering")
+
+
+def sparse_lazy_adam_step(tf, cfg, rows, ids, num_batches):
+    """A fused sparse LazyAdam step (a tf.function) on a new rows x dim table, cycling
+    through `num_batches` batches of `ids` uniform ids."""
+    variables, batches, _ = lazy_adam_table(tf, cfg, rows, ids, num_batches)
+    update = lazy_adam_update(tf, variables)
     return cycling(lambda i, g, t: update(i, g), batches)
 
 
@@ -54,22 +83,41 @@ def wait_for_huge_pages(timeout_s=300):
     return runtime.huge_page_stats()
 
 
-def table_scaling(tf, cfg):
-    """{table rows: ms} at fixed touched rows, the sizes interleaved (memory speed on a
-    shared machine drifts), plus the huge-page memory seen at the end."""
-    steps = {rows: sparse_lazy_adam_step(tf, cfg, rows, cfg["scaling_ids"], 16)
-             for rows in cfg["tables"]}
-    for step in steps.values():
-        step()  # the ops see each table once: huge pages advised, collapse queued
+def table_scaling(tf, cfg, forms=("tf.function",)):
+    """Step time at fixed ids per step (uniform) as the table grows: {form: {table rows:
+    ms}} for each of `forms` (TABLE_FORMS; the XLA forms at the two largest tables only,
+    the pair the aims compare, timed in fewer steps: the HLO lowering's step is ~10x the
+    others), the sizes interleaved (memory speed on a shared machine drifts); {table rows:
+    distinct ids per step}; the huge-page memory seen at the end."""
+    tables = {rows: lazy_adam_table(tf, cfg, rows, cfg["scaling_ids"], 16)
+              for rows in cfg["tables"]}
+    steps = {}
+    for form in forms:
+        for rows in cfg["tables"] if form == "tf.function" else sorted(cfg["tables"])[-2:]:
+            variables, batches, _ = tables[rows]
+            update = lazy_adam_update(tf, variables, form)
+            steps[form, rows] = cycling(lambda i, g, t, update=update: update(i, g), batches)
+            steps[form, rows]()  # compiled; the ops see each table once: huge pages advised
     wait_for_huge_pages()
-    ms = median_ms(time_contenders(steps, cfg["scaling_steps"], 3 * cfg["repeats"], lambda _: None))
-    return ms, anon_huge_pages_mb()
+    ms = {}
+    for group in ({k: s for k, s in steps.items() if k[0] == "tf.function"},
+                  {k: s for k, s in steps.items() if k[0] != "tf.function"}):
+        if not group:
+            continue
+        slow = any(form != "tf.function" for form, _ in group)
+        times = median_ms(time_contenders(
+            group, max(2, cfg["scaling_steps"] // 4) if slow else cfg["scaling_steps"],
+            cfg["repeats"] if slow else 3 * cfg["repeats"], lambda _: None))
+        for (form, rows), value in times.items():
+            ms.setdefault(form, {})[rows] = value
+    distinct = {rows: table[2] for rows, table in tables.items()}
+    return ms, distinct, anon_huge_pages_mb()
 
 
 def table_scaling_child(tf, cfg):
     """The ``--table-scaling-child`` run: table_scaling, printed as JSON for the parent."""
-    ms, huge_mb = table_scaling(tf, cfg)
-    print(json.dumps({"ms": ms, "anon_huge_pages_MB": huge_mb}))
+    ms, _, huge_mb = table_scaling(tf, cfg)
+    print(json.dumps({"ms": ms["tf.function"], "anon_huge_pages_MB": huge_mb}))
     return 0
 
 
@@ -107,7 +155,9 @@ def scenario_scaling(tf, cfg, progress, quick):
         progress(f"scaling: {ids:,} touched rows -> {out['touched_rows'][ids]:.2f} ms")
         del step
         gc.collect()  # this table's variables (held in reference cycles), before the next
-    out["table_rows"], out["huge_pages_MB"] = table_scaling(tf, cfg)
+    ms, out["distinct_ids"], out["huge_pages_MB"] = table_scaling(tf, cfg, TABLE_FORMS)
+    out["table_rows"] = ms.pop("tf.function")
+    out["table_rows_xla"] = ms
     huge = out["huge_pages_MB"]
     progress(f"scaling: table rows (default settings, "
              + (f"{huge:,.0f} MB on huge pages" if huge is not None else "huge pages unknown")

@@ -12,6 +12,8 @@ from fusedopt.bench.memory import wait_for_huge_pages
 from fusedopt.bench.timing import check_and_time, cycling, median_ms, quiet_function, time_contenders
 
 XLA_RULE = "lazy_adam"  # the rule of the "sparse step under XLA" scenario
+UPDATES_PER_CALL = 10  # op_in_step_ms: updates one tf.function call runs
+FLOOR_PROBES = 3  # floor(): the best of this many probes
 
 
 def zipf_ids(rng, rows, n, a=1.1):
@@ -78,6 +80,30 @@ class SparseSteps:
         update = quiet_function(self.tf, lambda i, g, t: self.sparse_op(
             var, *slots, **self.rule.hyper(t), grad=g, indices=i, **options), jit_compile)
         return self._cycling(update, batches), var
+
+    def fused_in_step(self, batches, updates_per_call):
+        """fusedopt's sparse op, `updates_per_call` updates (cycling through batches, of
+        equal lengths) in one tf.function call, as a training step runs it beside the rest
+        of its work: TensorFlow's fixed cost of calling a function is spread over them.
+        The step's t-th call runs updates (t - 1) * updates_per_call + 1, ..."""
+        tf = self.tf
+        var, slots = self._variables()
+        options = self.rule.keras_options
+        ids = tf.constant(np.stack([i for i, _ in batches]))
+        grads = tf.constant(np.stack([g for _, g in batches]))
+
+        @tf.function
+        def update(done):  # done: the updates of the calls before, an int64 tensor
+            for k in tf.range(done, done + updates_per_call):
+                b = k % len(batches)  # update k + 1 uses batch k % len, as `fused` does
+                self.sparse_op(var, *slots, **self.rule.hyper(tf.cast(k + 1, tf.float32)),
+                               grad=grads[b], indices=ids[b], **options)
+        calls = {"n": 0}
+
+        def step():
+            update(tf.constant(calls["n"] * updates_per_call, tf.int64))
+            calls["n"] += 1
+        return step, var
 
     def fused_hlo(self, batches):
         """The XLA lowering XLA:GPU runs, here on the CPU."""
@@ -232,9 +258,10 @@ def scenario_sparse(tf, cfg, progress):
         out[rule] = measure(cfg, progress, problem, *rule_contenders(tf, problem, rule))
         gc.collect()  # the contenders' variables
         unique = len(np.unique(problem.batches[0][0]))
-        out[rule]["_meta"] = {"unique_ids_per_step": unique,
-                              **floor(problem, rule, out[rule]["fusedopt (raw op)"]["median_ms"],
-                                      cfg["repeats"], call_ms)}
+        out[rule]["_meta"] = {"unique_ids_per_step": unique, "tf_function_call_ms": call_ms,
+                              **floor(tf, problem, rule,
+                                      out[rule]["fusedopt (raw op)"]["median_ms"], cfg)}
+        gc.collect()
     return out
 
 
@@ -248,24 +275,40 @@ def call_cost_ms(tf, problem, cfg):
     return median_ms(times)["call"]
 
 
-def floor(problem, rule, fused_ms, repeats, call_ms=None):
+def op_in_step_ms(tf, problem, rule, cfg):
+    """The median cost of one update of the raw op when a tf.function call runs
+    UPDATES_PER_CALL of them (SparseSteps.fused_in_step): the op's cost in a training
+    step, TensorFlow's fixed cost per call spread over the updates."""
+    step, _ = SparseSteps(tf, problem, rule).fused_in_step(problem.batches, UPDATES_PER_CALL)
+    step()  # traced and warm
+    wait_for_huge_pages()
+    calls = max(2, cfg["steps"] // UPDATES_PER_CALL)
+    times = time_contenders({"in step": step}, calls, cfg["repeats"], lambda _: None)
+    return median_ms(times)["in step"] / UPDATES_PER_CALL
+
+
+def floor(tf, problem, rule, fused_ms, cfg):
     """The floor of this rule's sparse step on the problem (fusedopt._core.sparse_floor:
     group the ids and sum duplicates on one thread, then read, update and write exactly the
-    touched rows of var and the rule's slots on THREADS threads), and the raw op's step
-    as a multiple of it; with `call_ms` (call_cost_ms), also less that fixed cost."""
+    touched rows of var and the rule's slots on THREADS threads; the best of FLOOR_PROBES
+    probes, each on tables of its own, since where the kernel places a probe's tables
+    moves its time), and the raw op against it: per tf.function call (`fused_ms`), and
+    in a training step (op_in_step_ms)."""
     from fusedopt import _core
 
     layouts = _core.rules()[rule]["slot_layouts"].values()
-    probe = _core.sparse_floor([ids for ids, _ in problem.batches], problem.rows, problem.dim,
-                               element_slots=sum(x == "per_element" for x in layouts),
-                               row_slots=sum(x == "per_row" for x in layouts),
-                               num_threads=THREADS, repeats=max(5, 4 * repeats))
-    out = {"floor_ms": probe["floor_ms"], "floor_group_ms": probe["group_ms"],
-           "floor_rows_ms": probe["rows_ms"], "fusedopt_x_floor": fused_ms / probe["floor_ms"]}
-    if call_ms is not None:
-        out["tf_function_call_ms"] = call_ms
-        out["fusedopt_less_call_x_floor"] = (fused_ms - call_ms) / probe["floor_ms"]
-    return out
+    probes = [_core.sparse_floor([ids for ids, _ in problem.batches], problem.rows,
+                                 problem.dim,
+                                 element_slots=sum(x == "per_element" for x in layouts),
+                                 row_slots=sum(x == "per_row" for x in layouts),
+                                 num_threads=THREADS, repeats=max(5, 4 * cfg["repeats"]))
+              for _ in range(FLOOR_PROBES)]
+    probe = min(probes, key=lambda p: p["floor_ms"])
+    in_step_ms = op_in_step_ms(tf, problem, rule, cfg)
+    return {"floor_ms": probe["floor_ms"], "floor_group_ms": probe["group_ms"],
+            "floor_rows_ms": probe["rows_ms"], "fusedopt_x_floor": fused_ms / probe["floor_ms"],
+            "fusedopt_in_step_ms": in_step_ms,
+            "fusedopt_in_step_x_floor": in_step_ms / probe["floor_ms"]}
 
 
 def scenario_sparse_xla(tf, cfg, progress):
