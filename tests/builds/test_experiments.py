@@ -112,3 +112,30 @@ def test_table_size_flat_tool_times_every_form_at_both_sizes(tmp_path):
                  / (row["small_ms"] / result["unique_ids"][small]))
         assert abs(row["per_touched_row_large_over_small"] - ratio) < 1e-9, name
     assert len(result["runs_ms"]) == 2 * 3
+
+
+def test_sparse_phases_builds_against_the_engine_and_reports_every_pool(tmp_path):
+    """benchmarks/experiments/sparse_phases.cc (BENCHMARKS.md's "where the floor's gap
+    goes"): the engine's own headers, built warning-free, at a tiny table: one line per
+    rule and round, every figure positive."""
+    if shutil.which("g++") is None:
+        pytest.fail("g++ is needed (the project's builds need it too)")
+    root = os.path.dirname(os.path.dirname(EXPERIMENTS))
+    binary = str(tmp_path / "phases")
+    built = subprocess.run(["g++", "-std=c++20", "-O2", "-fno-math-errno", "-pthread", "-Wall",
+                            "-Wextra", "-Werror", "-I", root, "-o", binary,
+                            os.path.join(EXPERIMENTS, "sparse_phases.cc")],
+                           capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr[-3000:]
+    proc = subprocess.run([binary, "5000", "2000", "2"], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    rules = ["row_wise_adagrad", "lazy_adam", "partial_row_wise_adam", "adagrad"]
+    assert [line.split(" round ")[0] for line in lines] == [r for r in rules for _ in (1, 2)]
+    for line in lines:
+        figures = [float(word) for word in line.replace(",", " ").replace(")", " ").split()
+                   if word.replace(".", "", 1).isdigit() and "." in word]
+        assert len(figures) == 7 and all(f > 0 for f in figures), line
+    bad = subprocess.run([binary, "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "usage" in bad.stderr
