@@ -71,6 +71,7 @@ def test_quick_benchmark_runs_the_step_scenarios_and_contenders_agree(tmp_path):
                      "many_small", "aims"):
         assert scenario in results
     sparse = results["sparse"]
+    from fusedopt.bench import sparse as sparse_bench
     from fusedopt.bench.contenders import COMPOSED_TF_OPS, ORACLE_COMPOSITION
     # Every rule beside its composition in TF ops; the tests' slower oracle is not timed.
     expected = {rule: {"fusedopt (raw op)", COMPOSED_TF_OPS} for rule in sparse}
@@ -93,17 +94,22 @@ def test_quick_benchmark_runs_the_step_scenarios_and_contenders_agree(tmp_path):
         assert meta["floor_ms"] == meta["floor_group_ms"] + meta["floor_rows_ms"]
         assert meta["fusedopt_x_floor"] == rows["fusedopt (raw op)"]["median_ms"] / meta["floor_ms"]
         assert 0 < meta["tf_function_call_ms"] < rows["fusedopt (raw op)"]["median_ms"] * 10
-        assert meta["fusedopt_in_step_ms"] > 0
+        assert 0 < meta["fusedopt_in_step_best_ms"] <= meta["fusedopt_in_step_ms"]
         assert meta["fusedopt_in_step_x_floor"] == meta["fusedopt_in_step_ms"] / meta["floor_ms"]
+        assert (meta["fusedopt_in_step_best_x_floor"]
+                == meta["fusedopt_in_step_best_ms"] / meta["floor_ms"])
+        # the best of the rounds' probes, each interleaved with the op's calls
+        assert meta["floor_ms"] == min(meta["floor_probes_ms"]), meta
+        assert len(meta["floor_probes_ms"]) == sparse_bench.FLOOR_ROUNDS
     floor_aims = [a for a in results["aims"] if "/ the floor" in a["aim"]]
     # Every rule of the scenario, each row naming the CPU the ratio was measured on.
     cpu = results["environment"]["cpu"]["words"]
     assert [a["aim"] for a in floor_aims] == [
-        f"sparse {rule} op in a training step / the floor on {cpu}" for rule in sparse
-        if not rule.startswith("_")], floor_aims
+        f"sparse {rule} op in a training step / the floor on {cpu}, best of each"
+        for rule in sparse if not rule.startswith("_")], floor_aims
     assert all(a["value"] > 0 and a["target"] == "<= 1.3" for a in floor_aims), floor_aims
     assert [a["value"] for a in floor_aims] == [
-        rows["_meta"]["fusedopt_in_step_x_floor"] for rule, rows in sparse.items()
+        rows["_meta"]["fusedopt_in_step_best_x_floor"] for rule, rows in sparse.items()
         if not rule.startswith("_")]
     assert cpu in results["environment"]["machine"]
     xla = {"fusedopt.keras.LazyAdam, XLA", "fusedopt (raw op), XLA",
@@ -130,6 +136,15 @@ def test_quick_benchmark_runs_the_step_scenarios_and_contenders_agree(tmp_path):
             same = rows["_meta"]["same_buffers_ms"]
             assert set(same) == {"fusedopt engine (_core)", "torch Adam (fused)"}
             assert all(ms > 0 for ms in same.values())
+            in_step = rows["_meta"]["in_step_ms"]  # the op in a training step, and torch's
+            assert set(in_step) == {"fusedopt (raw op), 10 updates per call", "torch Adam (fused)"}
+            assert all(ms > 0 for ms in in_step.values())
+        dense_aims = [a for a in results["aims"] if a["aim"].startswith("dense Adam at")]
+        assert [a["aim"] for a in dense_aims] == [
+            f"dense Adam at {n:,} parameters{form} vs torch Adam (fused){where}"
+            for n in sorted(map(int, results["dense_sizes"]))
+            for form, where in ((", the op in a training step", ""),
+                                (", the engine (fusedopt._core)", " on the same buffers"))]
     looped = ", {} steps per call".format(many_small["_meta"]["loop_steps"])
     expected_small |= {name + looped for name in (
         "fusedopt packed group op (raw)", "fusedopt group op (raw)",

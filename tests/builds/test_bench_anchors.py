@@ -86,3 +86,23 @@ def test_the_in_step_measure_runs_each_update_once_in_order(tf, problem, rule):
         several()
     np.testing.assert_array_equal(several_var.numpy(), one_var.numpy())
     assert not np.array_equal(one_var.numpy(), problem.init)
+
+
+def test_the_dense_in_step_measure_runs_each_update_once_in_order(tf):
+    # The dense aim times DenseSteps.fused_in_step beside torch: its calls must make the
+    # very updates of the one-update step (gradients in turn, same step counts), bit for bit.
+    from fusedopt.bench.dense import DenseSteps
+
+    rng = np.random.default_rng(7)
+    init = rng.normal(0, 0.05, 5000).astype(np.float32)
+    grads = [tf.constant(rng.normal(0, 1, 5000).astype(np.float32)) for _ in range(3)]
+    steps = DenseSteps(tf, init, grads, "lazy_adam")
+    one, one_var = steps.fused()
+    several, several_var = steps.fused_in_step(updates_per_call=4)
+    for _ in range(8):
+        one()
+    for _ in range(2):
+        several()
+    np.testing.assert_array_equal(several_var.numpy(), one_var.numpy())
+    one()  # one update more: no longer equal (the comparison can fail)
+    assert not np.array_equal(one_var.numpy(), several_var.numpy())

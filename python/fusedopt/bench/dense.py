@@ -46,6 +46,30 @@ class DenseSteps:
             var, *slots, grad=g, **hyper(t), **options))
         return self._cycling(update), var
 
+    def fused_in_step(self, updates_per_call):
+        """fusedopt's dense op, `updates_per_call` updates in one tf.function call (as a
+        training step runs it: TensorFlow's fixed cost of a call spread over them). The
+        t-th call runs updates (t - 1) * updates_per_call + 1, ..., each on the gradient
+        `fused`'s step of that number uses."""
+        tf = self.tf
+        var, slots = self._variables()
+        grads = self.grads
+        hyper = self.rule.hyper
+
+        @tf.function
+        def update(done):  # done: the updates of the calls before, an int64 tensor
+            for k in tf.range(done, done + updates_per_call):
+                # the gradient tensors themselves (no copy), update k + 1 taking batch k % len
+                grad = tf.switch_case(tf.cast(k % len(grads), tf.int32),
+                                      [lambda g=g: g for g in grads])
+                self.op(var, *slots, grad=grad, **hyper(tf.cast(k + 1, tf.float32)))
+        calls = {"n": 0}
+
+        def step():
+            update(tf.constant(calls["n"] * updates_per_call, tf.int64))
+            calls["n"] += 1
+        return step, var
+
     def tf_kernel(self):
         """TF's own fused dense kernel."""
         var, slots = self._variables()
@@ -139,6 +163,10 @@ def scenario_dense_sizes(tf, cfg, progress):
         for row in rows.values():
             row["GB_per_s"] = bytes_per_step / (row["median_ms"] / 1e3) / 1e9
         rows["_meta"] = {"bytes_per_step": bytes_per_step}
+        fused_torch = [entry for entry in steps.rule.torch_dense if entry.name == TORCH_FUSED]
+        if fused_torch and libraries.torch() is not None:
+            progress(f"dense sizes: {n:,} parameters, the op in a training step and torch")
+            rows["_meta"]["in_step_ms"] = in_step_ms(steps, fused_torch[0], cfg)
         del steps, grads
         gc.collect()
         if libraries.torch() is not None:
@@ -149,6 +177,35 @@ def scenario_dense_sizes(tf, cfg, progress):
         del init
         gc.collect()
     return out
+
+
+TORCH_FUSED = "torch Adam (fused)"
+IN_STEP = "fusedopt (raw op), {} updates per call"  # in_step_ms's row of the op
+
+
+def in_step_ms(steps, torch_entry, cfg):
+    """Median ms per update of fusedopt's op as a training step runs it
+    (DenseSteps.fused_in_step, UPDATES_PER_CALL updates per tf.function call) and of
+    torch's fused Adam, timed in alternation, each timed call running UPDATES_PER_CALL
+    updates: {row name: ms}. Per-call costs differ in kind (TensorFlow's call of a
+    function, torch's Python step), and a training step pays TensorFlow's once for all
+    its work: this compares the updates. Both are checked against fusedopt's numbers in
+    the scenario's table (`fused_in_step`'s updates are those of the op's row: tested)."""
+    from fusedopt.bench.sparse import UPDATES_PER_CALL
+
+    fused_step, _ = steps.fused_in_step(UPDATES_PER_CALL)
+    torch_step, _ = steps.torch(functools.partial(torch_entry.make, libraries.torch()))
+
+    def torch_steps():
+        for _ in range(UPDATES_PER_CALL):
+            torch_step()
+    timed = {IN_STEP.format(UPDATES_PER_CALL): fused_step, TORCH_FUSED: torch_steps}
+    for step in timed.values():
+        step()
+    wait_for_huge_pages()
+    times = median_ms(time_contenders(timed, max(1, cfg["dense_steps"] // UPDATES_PER_CALL) + 1,
+                                      cfg["repeats"], lambda _: None))
+    return {name: ms / UPDATES_PER_CALL for name, ms in times.items()}
 
 
 def same_buffers_ms(init, steps, repeats, progress):

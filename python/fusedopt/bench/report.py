@@ -59,11 +59,20 @@ def meta_words(key, meta):
     if "fusedopt_in_step_x_floor" in meta:
         words.append(f"{meta['fusedopt_in_step_x_floor']:.1f}x in a training step (ten "
                      f"updates in one tf.function call: {meta['fusedopt_in_step_ms']:.2f} ms each)")
+    if "fusedopt_in_step_best_x_floor" in meta:
+        words.append(f"{meta['fusedopt_in_step_best_x_floor']:.1f}x taking the fastest call "
+                     f"({meta['fusedopt_in_step_best_ms']:.2f} ms an update) against the "
+                     f"fastest of {len(meta['floor_probes_ms'])} floor measurements (each the "
+                     "fastest of its repeats)")
     if "tf_function_call_ms" in meta:
         words.append(f"a tf.function call with the same inputs that does nothing takes "
                      f"{meta['tf_function_call_ms']:.2f} ms here")
     if "bytes_per_step" in meta:
         words.append(f"{megabytes(meta['bytes_per_step'])} MB read and written per step")
+    in_step = meta.get("in_step_ms")
+    if in_step:
+        words.append("in a training step (ms an update, timed in turn): " + ", ".join(
+            f"{name} {ms:.2f}" for name, ms in in_step.items()))
     same = meta.get("same_buffers_ms")
     if same:
         words.append("on the very same arrays: " + ", ".join(
