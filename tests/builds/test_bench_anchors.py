@@ -79,7 +79,7 @@ def test_the_in_step_measure_runs_each_update_once_in_order(tf, problem, rule):
 
     steps = SparseSteps(tf, problem, rule)
     one, one_var = steps.fused(problem.batches)
-    several, several_var = steps.fused_in_step(problem.batches, updates_per_call=3)
+    several, several_var = steps.fused_in_step(problem.batches, count=3)
     for _ in range(6):
         one()
     for _ in range(2):
@@ -98,7 +98,7 @@ def test_the_dense_in_step_measure_runs_each_update_once_in_order(tf):
     grads = [tf.constant(rng.normal(0, 1, 5000).astype(np.float32)) for _ in range(3)]
     steps = DenseSteps(tf, init, grads, "lazy_adam")
     one, one_var = steps.fused()
-    several, several_var = steps.fused_in_step(updates_per_call=4)
+    several, several_var = steps.fused_in_step(count=4)
     for _ in range(8):
         one()
     for _ in range(2):

@@ -9,7 +9,7 @@ from fusedopt.bench.config import BETA1, BETA2, EPS, LR, THREADS
 from fusedopt.bench.contenders import RULES, Optimizer, add_optimizer
 from fusedopt.bench.memory import wait_for_huge_pages
 from fusedopt.bench.timing import (check_and_time, cycling, median_ms, quiet_function,
-                                    time_contenders)
+                                    time_contenders, updates_per_call)
 
 
 class DenseSteps:
@@ -46,29 +46,18 @@ class DenseSteps:
             var, *slots, grad=g, **hyper(t), **options))
         return self._cycling(update), var
 
-    def fused_in_step(self, updates_per_call):
-        """fusedopt's dense op, `updates_per_call` updates in one tf.function call (as a
-        training step runs it: TensorFlow's fixed cost of a call spread over them). The
-        t-th call runs updates (t - 1) * updates_per_call + 1, ..., each on the gradient
-        `fused`'s step of that number uses."""
+    def fused_in_step(self, count):
+        """fusedopt's dense op, `count` updates in one tf.function call
+        (timing.updates_per_call), update k + 1 on the gradient `fused`'s step k + 1 uses."""
         tf = self.tf
         var, slots = self._variables()
         grads = self.grads
-        hyper = self.rule.hyper
 
-        @tf.function
-        def update(done):  # done: the updates of the calls before, an int64 tensor
-            for k in tf.range(done, done + updates_per_call):
-                # the gradient tensors themselves (no copy), update k + 1 taking batch k % len
-                grad = tf.switch_case(tf.cast(k % len(grads), tf.int32),
-                                      [lambda g=g: g for g in grads])
-                self.op(var, *slots, grad=grad, **hyper(tf.cast(k + 1, tf.float32)))
-        calls = {"n": 0}
-
-        def step():
-            update(tf.constant(calls["n"] * updates_per_call, tf.int64))
-            calls["n"] += 1
-        return step, var
+        def update(k):  # the gradient tensors themselves (no copy)
+            grad = tf.switch_case(tf.cast(k % len(grads), tf.int32),
+                                  [lambda g=g: g for g in grads])
+            self.op(var, *slots, grad=grad, **self.rule.hyper(tf.cast(k + 1, tf.float32)))
+        return updates_per_call(tf, update, count), var
 
     def tf_kernel(self):
         """TF's own fused dense kernel."""

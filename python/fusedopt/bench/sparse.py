@@ -10,7 +10,8 @@ from fusedopt.bench import libraries
 from fusedopt.bench.config import THREADS
 from fusedopt.bench.contenders import COMPOSED_TF_OPS, RULES, add_optimizer
 from fusedopt.bench.memory import wait_for_huge_pages
-from fusedopt.bench.timing import check_and_time, cycling, median_ms, quiet_function, time_contenders
+from fusedopt.bench.timing import (check_and_time, cycling, median_ms, quiet_function,
+                                    time_contenders, updates_per_call)
 
 XLA_RULE = "lazy_adam"  # the rule of the "sparse step under XLA" scenario
 UPDATES_PER_CALL = 10  # op_in_step_ms: updates one tf.function call runs
@@ -82,29 +83,20 @@ class SparseSteps:
             var, *slots, **self.rule.hyper(t), grad=g, indices=i, **options), jit_compile)
         return self._cycling(update, batches), var
 
-    def fused_in_step(self, batches, updates_per_call):
-        """fusedopt's sparse op, `updates_per_call` updates (cycling through batches, of
-        equal lengths) in one tf.function call, as a training step runs it beside the rest
-        of its work: TensorFlow's fixed cost of calling a function is spread over them.
-        The step's t-th call runs updates (t - 1) * updates_per_call + 1, ..."""
+    def fused_in_step(self, batches, count):
+        """fusedopt's sparse op, `count` updates (cycling through batches, of equal
+        lengths) in one tf.function call (timing.updates_per_call)."""
         tf = self.tf
         var, slots = self._variables()
         options = self.rule.keras_options
         ids = tf.constant(np.stack([i for i, _ in batches]))
         grads = tf.constant(np.stack([g for _, g in batches]))
 
-        @tf.function
-        def update(done):  # done: the updates of the calls before, an int64 tensor
-            for k in tf.range(done, done + updates_per_call):
-                b = k % len(batches)  # update k + 1 uses batch k % len, as `fused` does
-                self.sparse_op(var, *slots, **self.rule.hyper(tf.cast(k + 1, tf.float32)),
-                               grad=grads[b], indices=ids[b], **options)
-        calls = {"n": 0}
-
-        def step():
-            update(tf.constant(calls["n"] * updates_per_call, tf.int64))
-            calls["n"] += 1
-        return step, var
+        def update(k):  # update k + 1 uses batch k % len, as `fused` does
+            b = k % len(batches)
+            self.sparse_op(var, *slots, **self.rule.hyper(tf.cast(k + 1, tf.float32)),
+                           grad=grads[b], indices=ids[b], **options)
+        return updates_per_call(tf, update, count), var
 
     def fused_hlo(self, batches):
         """The XLA lowering XLA:GPU runs, here on the CPU."""

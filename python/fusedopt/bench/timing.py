@@ -21,6 +21,23 @@ def cycling(update, batches):
     return step
 
 
+def updates_per_call(tf, update, count):
+    """A step that runs `count` updates in one tf.function call, as a training step runs an
+    optimizer beside the rest of its work (TensorFlow's fixed cost of a call spread over
+    them): its t-th call runs update(k) for k = (t - 1) * count, ..., t * count - 1, k an
+    int64 tensor (update k + 1 of a one-update-per-call step)."""
+    @tf.function
+    def run(done):
+        for k in tf.range(done, done + count):
+            update(k)
+    calls = {"n": 0}
+
+    def step():
+        run(tf.constant(calls["n"] * count, tf.int64))
+        calls["n"] += 1
+    return step
+
+
 def quiet_function(tf, fn, jit_compile=False):
     """tf.function of fn, discarding its result (graph-mode update ops return Operations)."""
     def body(*args):
