@@ -1,5 +1,5 @@
-// Where a sparse step's time goes, without TensorFlow: the engine's grouping alone, the
-// whole step (cc/core/engine.h ApplySparse) on three kinds of thread pool, and the floor
+// Where a sparse step's time goes, without TensorFlow: the engine's grouping alone (on one
+// thread, and split over two by row), the whole step (cc/core/engine.h ApplySparse) on three kinds of thread pool, and the floor
 // probe (cc/pybind/sparse_floor.h) on the same ids, in one process, alternating rounds.
 //
 //   g++ -std=c++20 -O3 -fno-math-errno -pthread -I. -o /tmp/phases benchmarks/experiments/sparse_phases.cc
@@ -102,6 +102,69 @@ class KeptThreads final : public Executor {
   int64_t total_ = 0;
 };
 
+// The grouping split over threads by row: thread t scans every id, keeps those whose row
+// hashes to t (a hot row's ids all land on one thread) and groups them with a Coalescer
+// of its own; positions are mapped back through the kept ids' list. A row belongs to one
+// thread, so the groups are those of one Coalescer on all the ids, in another order,
+// which the update's bits do not depend on (each row is updated once, from its group's
+// gradient rows in ascending positions).
+class SplitGrouping {
+ public:
+  explicit SplitGrouping(int threads) : parts_(threads) {}
+  int Threads() const { return static_cast<int>(parts_.size()); }
+  static int PartOf(int64_t row, int threads) {
+    return static_cast<int>(((static_cast<uint64_t>(row) * 0x9E3779B97F4A7C15ull) >> 32) %
+                            static_cast<uint64_t>(threads));
+  }
+  void Group(const int64_t* ids, int64_t n, int64_t rows, Executor& executor) {
+    executor.ParallelFor(Threads(), 1 << 30, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        Part& part = parts_[t];
+        part.kept.clear();
+        part.where.clear();
+        for (int64_t i = 0; i < n; ++i) {
+          if (PartOf(ids[i], Threads()) == t) {
+            part.kept.push_back(ids[i]);
+            part.where.push_back(i);
+          }
+        }
+        part.groups = part.coalescer.Group(part.kept.data(), static_cast<int64_t>(part.kept.size()),
+                                           rows, &part.error);
+      }
+    });
+  }
+  // Every group as (row, its positions in the whole batch, ascending), sorted by row.
+  std::vector<std::vector<int64_t>> Canonical() const {
+    std::vector<std::vector<int64_t>> out;
+    for (const Part& part : parts_) {
+      if (part.groups == nullptr) continue;
+      AppendCanonical(*part.groups, part.where.data(), &out);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  static void AppendCanonical(const fusedopt::RowGroups& groups, const int64_t* where,
+                              std::vector<std::vector<int64_t>>* out) {
+    for (int64_t g = 0; g < groups.size(); ++g) {
+      std::vector<int64_t> group{groups.rows[g]};
+      for (int64_t j = groups.offsets[g]; j < groups.offsets[g + 1]; ++j) {
+        const int64_t local = groups.all_unique() ? j : groups.positions[j];
+        group.push_back(where == nullptr ? local : where[local]);
+      }
+      out->push_back(std::move(group));
+    }
+  }
+
+ private:
+  struct Part {
+    fusedopt::Coalescer coalescer;
+    std::vector<int64_t> kept, where;
+    const fusedopt::RowGroups* groups = nullptr;
+    std::string error;
+  };
+  std::vector<Part> parts_;
+};
+
 // Zipf(1.1) ids over [0, rows), as the benchmark draws them (numpy's zipf(1.1) - 1, taken
 // modulo rows, is within rounding of this truncated inverse CDF for the hot ids).
 std::vector<std::vector<int64_t>> ZipfBatches(int64_t rows, int64_t ids, int count) {
@@ -154,20 +217,39 @@ void Measure(const char* name, int64_t rows, int64_t ids, int rounds) {
   std::this_thread::sleep_for(std::chrono::seconds(2));
   std::vector<fusedopt::sparse_floor::Batch> floor_batches;
   for (const auto& b : batches) floor_batches.push_back({b.data(), ids});
+  SplitGrouping split(2);
+  {  // the split grouping makes the same groups as one Coalescer (else its time means nothing)
+    fusedopt::Coalescer whole;
+    std::string error;
+    std::vector<std::vector<int64_t>> expected;
+    SplitGrouping::AppendCanonical(*whole.Group(batches[0].data(), ids, rows, &error), nullptr,
+                                   &expected);
+    std::sort(expected.begin(), expected.end());
+    split.Group(batches[0].data(), ids, rows, spinning);
+    if (split.Canonical() != expected) {
+      std::fprintf(stderr, "%s: the grouping split over threads differs from one thread's\n",
+                   name);
+      std::exit(1);
+    }
+  }
   for (int round = 0; round < rounds; ++round) {
     fusedopt::Coalescer coalescer;
     std::string error;
     auto start = Clock::now();
     for (int k = 0; k < kSteps; ++k) coalescer.Group(batches[k % kBatches].data(), ids, rows, &error);
     const double group_ms = MillisecondsSince(start) / kSteps;
+    start = Clock::now();
+    for (int k = 0; k < kSteps; ++k) split.Group(batches[k % kBatches].data(), ids, rows, spinning);
+    const double split_group_ms = MillisecondsSince(start) / kSteps;
     const double started_ms = steps(started), sleeping_ms = steps(sleeping);
     const double spinning_ms = steps(spinning);
     const auto floor = fusedopt::sparse_floor::Measure(floor_batches, rows, kDim, element_slots,
                                                        row_slots, 2, 10);
-    std::printf("%s round %d: grouping %.3f ms; step with threads started %.3f, sleeping "
-                "%.3f, spinning %.3f ms; floor %.3f ms (group %.3f, rows %.3f)\n",
-                name, round + 1, group_ms, started_ms, sleeping_ms, spinning_ms,
-                floor.group_ms + floor.rows_ms, floor.group_ms, floor.rows_ms);
+    std::printf("%s round %d: grouping %.3f ms, split over 2 spinning threads %.3f ms; step "
+                "with threads started %.3f, sleeping %.3f, spinning %.3f ms; floor %.3f ms "
+                "(group %.3f, rows %.3f)\n",
+                name, round + 1, group_ms, split_group_ms, started_ms, sleeping_ms,
+                spinning_ms, floor.group_ms + floor.rows_ms, floor.group_ms, floor.rows_ms);
   }
 }
 
