@@ -2,25 +2,90 @@
 share: TensorFlow imported without its log noise, numbered stages, a progress line on
 stderr, and ``--help`` that shows every default. Imports nothing heavy itself."""
 import argparse
+import contextlib
 import os
+import re
 import shutil
 import sys
+import tempfile
 import time
 
 __all__ = ["ArgumentParser", "HelpFormatter", "Progress", "Stages", "TF_LOG_SETTING",
-           "duration", "import_tensorflow", "whole_number"]
+           "duration", "import_tensorflow", "is_load_noise", "log_level", "stderr_without_load_noise",
+           "whole_number"]
 
 TF_LOG_SETTING = "TF_CPP_MIN_LOG_LEVEL"
+
+
+# What TensorFlow may print while it loads whatever TF_CPP_MIN_LOG_LEVEL says: on CPUs
+# where it turns oneDNN on (AVX-512 Xeons), TF 2.21 logs "oneDNN custom operations are on"
+# through absl before absl's logging is set up, which prints every level to stderr, headed
+# by absl's own notice (a warning).
+_ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+# absl's line prefix: level letter, MMDD, a time, thread id, file:line (the time's form
+# varies: "00:00:1796680755.304542" when the clock was not set up either).
+_ABSL_LINE = re.compile(r"^([IWEF])\d{4} [\d:.]+ +\d+ \S+:\d+\] ")
+_LEVELS = "IWEF"  # TF_CPP_MIN_LOG_LEVEL's numbering: 0 info, 1 warning, 2 error, 3 fatal
+
+
+def log_level(value):
+    """TF_CPP_MIN_LOG_LEVEL's value as TensorFlow reads it: 0 to 3; anything else 0."""
+    try:
+        return min(max(int(value), 0), 3)
+    except (TypeError, ValueError):
+        return 0
+
+
+def is_load_noise(line, level):
+    """Whether TF_CPP_MIN_LOG_LEVEL=`level` hides this line TensorFlow printed while
+    loading: an absl line (or absl's notice, a warning) below that level."""
+    line = line.rstrip("\n")
+    if line == _ABSL_NOTICE:
+        return level > _LEVELS.index("W")
+    match = _ABSL_LINE.match(line)
+    return bool(match) and level > _LEVELS.index(match.group(1))
+
+
+@contextlib.contextmanager
+def stderr_without_load_noise(level):
+    """Inside: file descriptor 2 goes to a temporary file; on the way out every line of it
+    but is_load_noise's (at `level`) is written to stderr. (C++ code writes to the
+    descriptor, so sys.stderr alone cannot be filtered.) Where the descriptor cannot be
+    redirected, nothing is filtered."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with tempfile.TemporaryFile() as capture:
+            os.dup2(capture.fileno(), 2)
+            try:
+                yield
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+                capture.seek(0)
+                lines = capture.read().decode("utf-8", "replace").splitlines(keepends=True)
+                kept = "".join(line for line in lines if not is_load_noise(line, level))
+                if kept:
+                    sys.stderr.write(kept)
+                    sys.stderr.flush()
+    finally:
+        os.close(saved)
 
 
 def import_tensorflow():
     """TensorFlow, imported quietly: its C++ log at errors only (TF_CPP_MIN_LOG_LEVEL=2, set
     before the import) and its Python and absl loggers at errors, unless the user set
-    TF_CPP_MIN_LOG_LEVEL (then TensorFlow logs as the user asked)."""
+    TF_CPP_MIN_LOG_LEVEL (then TensorFlow logs as the user asked). Either way the lines
+    absl prints while TensorFlow loads obey that level too (stderr_without_load_noise)."""
     user_set = bool(os.environ.get(TF_LOG_SETTING))  # set to a value (empty: not set)
     if not user_set:
         os.environ[TF_LOG_SETTING] = "2"
-    import tensorflow as tf
+    with stderr_without_load_noise(log_level(os.environ[TF_LOG_SETTING])):
+        import tensorflow as tf
 
     if not user_set:
         tf.get_logger().setLevel("ERROR")

@@ -172,7 +172,11 @@ def enable_placement_log(environ=None):
 
 def start(cluster, job_name, task_index, protocol="grpc"):
     """Loads the op library, then starts and returns the ``tf.distribute.Server``."""
-    import tensorflow as tf
+    from fusedopt._console import TF_LOG_SETTING, log_level, stderr_without_load_noise
+
+    # TF_CPP_MIN_LOG_LEVEL holds for what absl prints while TensorFlow loads, too.
+    with stderr_without_load_noise(log_level(os.environ.get(TF_LOG_SETTING))):
+        import tensorflow as tf
 
     from fusedopt import ops
 

@@ -57,6 +57,9 @@ def test_a_tiny_sweep_reports_what_fits_and_what_does_not(tmp_path):
     assert "| 1,000,000 rows: failed %s (table + state 96 MB) |" % large["stage"] in report
     assert f"does not fit in 100 MB: an allocation failed {large['stage']}" in report
     assert [w for w in NOT_FOR_USERS if w in run.stdout] == [], run.stdout
+    if "TF_ENABLE_ONEDNN_OPTS" not in os.environ:  # the children ran with oneDNN off
+        assert meta["onednn_opts"] == "0"
+        assert "oneDNN optimisations were off in each process (TF_ENABLE_ONEDNN_OPTS=0" in report
 
 
 def fake_child(monkeypatch, stdout_records, returncode, stderr=""):
@@ -199,3 +202,30 @@ def test_the_recorded_sweep_reads_for_users():
     assert [w for w in NOT_FOR_USERS if w in report] == [], report
     assert "| fusedopt.keras.RowWiseAdagrad | 132 (128 + 4) | 150,000,000 rows" in report
     assert report.count("\n| keras.optimizers.Adam |") == 2  # the summary and the grid
+
+
+@pytest.mark.parametrize("environ,value", [({}, "0"), ({"TF_ENABLE_ONEDNN_OPTS": "1"}, "1"),
+                                           ({"TF_ENABLE_ONEDNN_OPTS": "0"}, "0")])
+def test_children_run_with_onednn_off_unless_the_user_set_it(monkeypatch, environ, value):
+    """With oneDNN on (TensorFlow's default on AVX-512 CPUs), TF 2.21 crashed (SIGSEGV) about
+    every other time an allocation was refused under the cap: children turn it off, unless
+    the user chose; the rest of the environment is passed on."""
+    from fusedopt.bench import largest_table
+
+    monkeypatch.delenv("TF_ENABLE_ONEDNN_OPTS", raising=False)
+    for k, v in environ.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("FUSEDOPT_SOMETHING_ELSE", "kept")
+    seen = {}
+
+    def run(args, **kwargs):
+        seen.update(kwargs["env"])
+        return subprocess.CompletedProcess(args, 0, json.dumps({"outcome": "fits"}), "")
+    monkeypatch.setattr(largest_table.subprocess, "run", run)
+    largest_table.run_point("keras_adam", 1000, CFG, None, 10.0)
+    assert seen["TF_ENABLE_ONEDNN_OPTS"] == value
+    assert seen["FUSEDOPT_SOMETHING_ELSE"] == "kept"
+    meta = {"onednn_opts": value}
+    words = largest_table.onednn_words(meta)
+    assert ("were off in each process" in words) == (value == "0"), words
+    assert largest_table.onednn_words({}) == ""  # a file an earlier version wrote

@@ -151,3 +151,58 @@ def test_a_run_shows_stages_and_progress_and_keeps_tensorflow_quiet():
     for noise in ("I0000", "W0000", "cpu_feature_guard", "absl::InitializeLog", "oneDNN"):
         assert noise not in err, err
     assert "Traceback" not in err
+
+
+# What TensorFlow 2.21 printed while loading on an AVX-512 Xeon, whatever
+# TF_CPP_MIN_LOG_LEVEL said (absl logging before it is set up), and lines that must stay.
+ABSL_NOTICE = ("WARNING: All log messages before absl::InitializeLog() is called are written "
+               "to STDERR")
+ONEDNN_INFO = ("I0000 00:00:1796680755.304542   20142 port.cc:153] oneDNN custom operations "
+               "are on. You may see slightly different numerical results")
+ABSL_WARNING = "W1207 21:40:01.123456    20142 cpu_feature_guard.cc:210] a warning"
+ABSL_ERROR = "E0000 00:00:1796680755.304542   20142 some_kernel.cc:12] an error"
+
+
+@pytest.mark.parametrize("level,hidden", [
+    (0, []), (1, [ONEDNN_INFO]), (2, [ABSL_NOTICE, ONEDNN_INFO, ABSL_WARNING]),
+    (3, [ABSL_NOTICE, ONEDNN_INFO, ABSL_WARNING, ABSL_ERROR])])
+def test_load_noise_is_what_the_log_level_hides(level, hidden):
+    lines = [ABSL_NOTICE, ONEDNN_INFO, ABSL_WARNING, ABSL_ERROR, "Traceback (most recent call)",
+             "I0000 without the rest of absl's prefix"]
+    assert [line for line in lines if _console.is_load_noise(line + "\n", level)] == hidden
+
+
+@pytest.mark.parametrize("value,level", [("2", 2), ("0", 0), ("3", 3), ("9", 3), ("-1", 0),
+                                         ("", 0), (None, 0), ("two", 0)])
+def test_log_level_reads_the_setting_as_tensorflow_does(value, level):
+    assert _console.log_level(value) == level
+
+
+def _filtered_in_a_process(body):
+    """Runs `body` (Python, indented 8) inside stderr_without_load_noise(2) in a process of
+    its own, whose descriptor 2 and sys.stderr are the real ones; its stderr."""
+    code = ("import os, sys\nfrom fusedopt import _console\nLINES = %r\n"
+            "try:\n    with _console.stderr_without_load_noise(2):\n%s\n"
+            "except ImportError:\n    print('raised', file=sys.stderr)\n"
+            % ([ABSL_NOTICE, ONEDNN_INFO, ABSL_WARNING, ABSL_ERROR], body))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == ""
+    return result.stderr
+
+
+def test_load_noise_is_dropped_from_the_descriptor_and_the_rest_kept_in_order():
+    # C++ writes straight to descriptor 2; Python's sys.stderr goes there too.
+    err = _filtered_in_a_process(
+        "        os.write(2, ('\\n'.join(LINES[:2]) + '\\n').encode())\n"
+        "        print('a Python line', file=sys.stderr)\n"
+        "        os.write(2, (LINES[3] + '\\n' + LINES[2] + '\\nlast, no newline').encode())\n"
+        "    print('after', file=sys.stderr)")
+    assert err == f"a Python line\n{ABSL_ERROR}\nlast, no newlineafter\n"
+
+
+def test_what_is_written_before_an_error_inside_still_comes_out():
+    err = _filtered_in_a_process("        os.write(2, (LINES[1] + '\\nwhy it failed\\n').encode())\n"
+                                 "        raise ImportError('no such module')")
+    assert err == "why it failed\nraised\n"

@@ -39,9 +39,10 @@ from fusedopt.bench.machine import machine_words
 from fusedopt.bench.report import megabytes
 from fusedopt.bench.state import BF16, Contender, Unavailable, state_of
 
-__all__ = ["CHILD_FLAG", "CONTENDERS", "DEFAULT_ROWS", "KEEP_FREE", "OUTCOMES", "QUICK_ROWS",
-           "check_names", "child", "default_rows", "environment", "markdown", "mem_available",
-           "point_words", "run", "sizes", "table_rows"]
+__all__ = ["CHILD_FLAG", "CONTENDERS", "DEFAULT_ROWS", "KEEP_FREE", "ONEDNN_SETTING", "OUTCOMES",
+           "QUICK_ROWS", "check_names", "child", "child_environment", "default_rows",
+           "environment", "markdown", "mem_available", "onednn_words", "point_words", "run",
+           "sizes", "table_rows"]
 
 CHILD_FLAG = "--largest-table-child"
 DEFAULT_ROWS = (10_000_000, 30_000_000, 100_000_000)
@@ -254,6 +255,22 @@ def _json_lines(text):
     return records
 
 
+ONEDNN_SETTING = "TF_ENABLE_ONEDNN_OPTS"
+
+
+def child_environment(environ=None):
+    """The children's environment: this process's, with TensorFlow's oneDNN CPU
+    optimisations off unless the user set TF_ENABLE_ONEDNN_OPTS. Where TensorFlow turns them
+    on by itself (x86 CPUs with AVX-512), an allocation its oneDNN allocator is refused
+    under the cap crashed the child (SIGSEGV while TensorFlow turned the failure into a
+    Python error; TF 2.21, about every other run of Keras's Adam at 1M x 8 under 100 MB)
+    instead of raising ResourceExhaustedError, so "does not fit" could not be told from a
+    crash. The optimizer updates measured here do not use oneDNN either way."""
+    env = dict(os.environ if environ is None else environ)
+    env.setdefault(ONEDNN_SETTING, "0")
+    return env
+
+
 def run_point(name, rows, cfg, memory_limit, timeout_s):
     """One point in its child process: the child's result, or what ended it."""
     spec = dict(contender=name, rows=rows, dim=cfg["dim"], ids=cfg["batch"],
@@ -263,7 +280,7 @@ def run_point(name, rows, cfg, memory_limit, timeout_s):
     try:
         done = subprocess.run([sys.executable, "-m", "fusedopt.bench", CHILD_FLAG,
                                json.dumps(spec)], capture_output=True, text=True,
-                              timeout=timeout_s)
+                              timeout=timeout_s, env=child_environment())
         stdout, stderr, status = done.stdout, done.stderr, done.returncode
     except subprocess.TimeoutExpired as e:
         stdout, stderr, status = e.stdout or "", e.stderr or "", None
@@ -327,7 +344,8 @@ def run(cfg, rows, names, memory_limit, stages):
                      "memory_limit_kind": "RLIMIT_DATA over the child's mappings after "
                                           "TensorFlow started",
                      "timing": "one child process per point, one after the other (not "
-                               "interleaved): step times follow the machine's load then"}}
+                               "interleaved): step times follow the machine's load then",
+                     "onednn_opts": child_environment()[ONEDNN_SETTING]}}
     for name in names:
         contender = CONTENDERS[name]
         entry = {"name": name, "class": f"{contender.module}.{contender.name}",
@@ -364,6 +382,20 @@ def point_words(p):
     return f"{p['outcome']}: {p.get('error', '')}"
 
 
+def onednn_words(meta):
+    """The report's sentence on TF_ENABLE_ONEDNN_OPTS in the children ("" for a file an
+    earlier version wrote, which did not record it)."""
+    value = meta.get("onednn_opts")
+    if value is None:
+        return ""
+    if value == "0":
+        return (" TensorFlow's oneDNN optimisations were off in each process "
+                f"({ONEDNN_SETTING}=0, unless set otherwise): with them on, TensorFlow 2.21 "
+                "crashed instead of raising an out-of-memory error when an allocation was "
+                "refused under the cap.")
+    return f" {ONEDNN_SETTING}={value} in each process (as set)."
+
+
 def markdown(sweep, environment, command):
     """The report: a summary table per optimizer, then every point."""
     meta = sweep["_meta"]
@@ -394,7 +426,8 @@ def markdown(sweep, environment, command):
              f"steps/s from the median of up to {meta['steps']} steps after "
              f"{meta['warmup_steps']} untimed. Peak: the process's peak resident memory "
              "(VmHWM), TensorFlow's own included. Bytes per row: the table's "
-             f"({4 * dim}) and the optimizer state's, as measured.", "",
+             f"({4 * dim}) and the optimizer state's, as measured." + onednn_words(meta),
+             "",
              "| optimizer | table + state, bytes per row | largest table that trained | "
              "steps/s there | peak memory there | smallest that did not fit |",
              "|---|---|---|---|---|---|"]
