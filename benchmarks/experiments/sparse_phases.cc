@@ -54,6 +54,8 @@ class KeptThreads final : public Executor {
     wake_.notify_all();
     for (auto& w : workers_) w.join();
   }
+  int64_t MaxConcurrentBlocks() const override { return threads_; }
+
   void ParallelFor(int64_t n, int64_t, const Block& fn) override {
     fn_ = &fn;
     total_ = n;

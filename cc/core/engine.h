@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <condition_variable>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -45,6 +47,12 @@ ParamsFor<Rule, T> PrepareParams(const T* const* hyper, const bool* options,
   params.rounding_salt = CallSalt(rounding_seed);
   return params;
 }
+
+// What a caller reports when the engine throws std::bad_alloc: it allocates everything
+// (grouping, scratch rows) before its first write, so nothing was written.
+constexpr const char* kOutOfMemoryBeforeWriting =
+    "out of memory for the update's working buffers (grouping the indices, summing "
+    "duplicate rows); nothing was written: the variable and its slots are unchanged";
 
 namespace detail {
 
@@ -239,12 +247,10 @@ inline void PrefetchGroup(const RowGroups& groups, int64_t g, const T* var, S* c
 // covers batches of up to 128K ids; a larger batch frees its buffers when done.
 constexpr int64_t kMaxRetainedHashSlots = int64_t{1} << 18;
 
-// out = grad rows positions[0] + positions[1] + ... (count >= 1), left to right, in the
-// compute type.
+// out[0 .. row_size) = grad rows positions[0] + positions[1] + ... (count >= 1), left to
+// right, in the compute type.
 template <typename T, typename C>
-void SumRows(const T* grad, const int64_t* positions, int64_t count, int64_t row_size,
-             std::vector<C>& out) {
-  out.resize(row_size);
+void SumRows(const T* grad, const int64_t* positions, int64_t count, int64_t row_size, C* out) {
   for (int64_t j = kPrefetchGradRows; j < std::min(count, kSumPrefetchDistance); ++j) {
     PrefetchGradRow(grad, positions[j], row_size);  // the first ones came with the group
   }
@@ -304,14 +310,75 @@ struct WeightedGroups {
   }
 };
 
+// Scratch rows for summing duplicate gradient rows: a pair (summed, partial) for each
+// block of a ParallelFor that can run at once, all allocated before the step writes
+// anything. An allocation refused (std::bad_alloc, to the caller) then leaves the variable
+// and every slot as they were; in the blocks nothing allocates.
+template <typename C>
+class SumScratch {
+ public:
+  // `pairs`: the most blocks that will hold a pair at once (Executor::MaxConcurrentBlocks,
+  // or fewer when fewer groups have duplicates).
+  SumScratch(int64_t row_size, int64_t pairs)
+      : row_size_(row_size), rows_(static_cast<size_t>(2 * row_size * pairs)) {
+    free_.reserve(static_cast<size_t>(pairs));
+    for (int64_t i = pairs - 1; i >= 0; --i) free_.push_back(i);
+  }
+
+  // A block's pair, taken when the block first needs it and given back when it ends.
+  class Lease {
+   public:
+    explicit Lease(SumScratch& scratch) : scratch_(scratch) {}
+    ~Lease() {
+      if (index_ >= 0) scratch_.Give(index_);
+    }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    C* summed() { return Take(); }
+    C* partial() { return Take() + scratch_.row_size_; }
+
+   private:
+    C* Take() {
+      if (index_ < 0) index_ = scratch_.TakeIndex();
+      return scratch_.rows_.data() + 2 * scratch_.row_size_ * index_;
+    }
+    SumScratch& scratch_;
+    int64_t index_ = -1;
+  };
+
+ private:
+  int64_t TakeIndex() {
+    std::unique_lock<std::mutex> lock(mu_);
+    // More blocks at once than the executor promised would find none left: such a block
+    // waits for one to end (blocks holding a pair never wait), rather than allocate.
+    returned_.wait(lock, [this] { return !free_.empty(); });
+    const int64_t index = free_.back();
+    free_.pop_back();
+    return index;
+  }
+  void Give(int64_t index) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      free_.push_back(index);  // within the capacity reserved: no allocation
+    }
+    returned_.notify_one();
+  }
+
+  const int64_t row_size_;
+  std::vector<C> rows_;
+  std::vector<int64_t> free_;
+  std::mutex mu_;
+  std::condition_variable returned_;
+};
+
 // Updates group g's row with the sum of its gradient rows (sum_order.h's order, the GPU
 // engine's: each chunk left to right, then the chunk sums left to right, in compute
-// type); a row named once takes its gradient row as it is. `summed` and `partial` are
-// the caller's buffers, reused across its rows.
+// type); a row named once takes its gradient row as it is. `scratch`: the block's pair of
+// rows, reused across its groups.
 template <typename Rule, typename T, typename S, typename C = ComputeType<T>>
 FO_ALWAYS_INLINE void UpdateGroup(const ParamsFor<Rule, T>& p, T* var, S* const* slots,
                                   int64_t row_size, const T* grad, const RowGroups& groups,
-                                  int64_t g, std::vector<C>& summed, std::vector<C>& partial,
+                                  int64_t g, typename SumScratch<C>::Lease& scratch,
                                   bool stochastic) {
   std::array<S*, NumSlots<Rule>()> s;
   const int64_t offset = groups.rows[g] * row_size;
@@ -323,13 +390,23 @@ FO_ALWAYS_INLINE void UpdateGroup(const ParamsFor<Rule, T>& p, T* var, S* const*
                               stochastic);
     return;
   }
+  C* const summed = scratch.summed();
+  C* const partial = scratch.partial();
   const int64_t chunk = DuplicateChunkLength(end - begin);
   SumRows(grad, groups.positions.data() + begin, std::min(chunk, end - begin), row_size, summed);
   for (int64_t j = begin + chunk; j < end; j += chunk) {
     SumRows(grad, groups.positions.data() + j, std::min(chunk, end - j), row_size, partial);
     for (int64_t i = 0; i < row_size; ++i) summed[i] += partial[i];
   }
-  UpdateSpan<Rule, T, S, C>(p, var + offset, s.data(), summed.data(), row_size, stochastic);
+  UpdateSpan<Rule, T, S, C>(p, var + offset, s.data(), summed, row_size, stochastic);
+}
+
+// Scratch pairs a sparse step needs: none without duplicates, else one per block that can
+// run at once, and no more than groups with duplicates (each has at least two indices).
+inline int64_t ScratchPairs(const RowGroups& groups, int64_t n, const Executor& executor) {
+  if (groups.all_unique()) return 0;
+  return std::max<int64_t>(1, std::min<int64_t>(executor.MaxConcurrentBlocks(),
+                                                n - groups.size()));
 }
 
 }  // namespace detail
@@ -436,13 +513,14 @@ std::string ApplySparse(const ParamsFor<Rule, T>& p, T* var, S* const* slots, in
   }
   const RowGroups& groups = *grouped;
   detail::AdviseHugePagesFor<Rule>(var, slots, num_rows, row_size);
+  detail::SumScratch<C> scratch(row_size, detail::ScratchPairs(groups, n, executor));
   const detail::WeightedGroups<Rule> weighted{groups};
   const int64_t cost = std::max<int64_t>(
       1, row_size * detail::kCyclesPerElement * n / weighted.Units());
   executor.ParallelFor(weighted.Units(), cost, [&](int64_t begin, int64_t end) {
     const int64_t first = weighted.FirstStartingAt(begin);
     const int64_t last = weighted.FirstStartingAt(end);
-    std::vector<C> summed, partial;  // per block, reused across its rows
+    typename detail::SumScratch<C>::Lease rows(scratch);
     for (int64_t g = first; g < std::min(last, first + detail::kPrefetchRows); ++g) {
       detail::PrefetchGroup<Rule>(groups, g, var, slots, grad, row_size);
     }
@@ -450,8 +528,7 @@ std::string ApplySparse(const ParamsFor<Rule, T>& p, T* var, S* const* slots, in
       if (g + detail::kPrefetchRows < last) {
         detail::PrefetchGroup<Rule>(groups, g + detail::kPrefetchRows, var, slots, grad, row_size);
       }
-      detail::UpdateGroup<Rule>(p, var, slots, row_size, grad, groups, g, summed, partial,
-                                stochastic);
+      detail::UpdateGroup<Rule>(p, var, slots, row_size, grad, groups, g, rows, stochastic);
     }
   });
   coalescer.ReleaseIfAbove(detail::kMaxRetainedHashSlots);
@@ -489,9 +566,10 @@ std::string ApplySparseEveryRow(const ParamsFor<Rule, T>& p, T* var, S* const* s
   constexpr bool kRows = HasRowPhase<Rule>();
   const int64_t zeros_length = kRows ? row_size : std::max<int64_t>(row_size, 4096);
   const std::vector<C> zeros(zeros_length, C(0));
+  detail::SumScratch<C> scratch(row_size, detail::ScratchPairs(groups, n, executor));
   executor.ParallelFor(num_rows, row_size * detail::kCyclesPerElement,
                        [&](int64_t first, int64_t last) {
-    std::vector<C> summed, partial;
+    typename detail::SumScratch<C>::Lease rows(scratch);
     std::array<S*, NumSlots<Rule>()> s;
     int64_t next = std::lower_bound(by_row.begin(), by_row.end(), first,
                                     [&](int64_t g, int64_t row) { return groups.rows[g] < row; }) -
@@ -516,8 +594,8 @@ std::string ApplySparseEveryRow(const ParamsFor<Rule, T>& p, T* var, S* const* s
         row = stop;
       }
       if (row < last && row == named) {
-        detail::UpdateGroup<Rule>(p, var, slots, row_size, grad, groups, by_row[next], summed,
-                                  partial, stochastic);
+        detail::UpdateGroup<Rule>(p, var, slots, row_size, grad, groups, by_row[next], rows,
+                                  stochastic);
         ++next;
         ++row;
       }

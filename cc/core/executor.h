@@ -29,6 +29,10 @@ class Executor {
   // Calls fn on disjoint blocks covering [0, n); `cost_per_unit` is a rough cost
   // of one unit in cycles, so small jobs stay on the calling thread.
   virtual void ParallelFor(int64_t n, int64_t cost_per_unit, const Block& fn) = 0;
+  // The most blocks of one ParallelFor that may run at the same time, the calling
+  // thread's included: the engine allocates per-block scratch for that many up front, so
+  // that nothing allocates once writing has begun.
+  virtual int64_t MaxConcurrentBlocks() const = 0;
 };
 
 // Most threads a std::thread executor starts for one call. More would only cost memory
@@ -131,7 +135,12 @@ void RunClaimingPieces(int64_t n, int64_t blocks, int64_t helpers, const Schedul
       if (++progress->done == blocks) progress->cv.notify_all();
     }
   };
-  for (int64_t t = 0; t < std::min(helpers, blocks - 1); ++t) schedule(claim_pieces);
+  // Handing a task to the pool allocates: should that fail, the pieces not yet claimed are
+  // the calling thread's, and no exception leaves while helpers run.
+  try {
+    for (int64_t t = 0; t < std::min(helpers, blocks - 1); ++t) schedule(claim_pieces);
+  } catch (const std::exception&) {
+  }
   claim_pieces();
   std::unique_lock<std::mutex> lock(progress->mu);
   progress->cv.wait(lock, [&] { return progress->done == blocks; });
@@ -143,6 +152,8 @@ class ThreadExecutor final : public Executor {
  public:
   explicit ThreadExecutor(int num_threads)
       : num_threads_(std::clamp(num_threads, 1, kMaxThreads)) {}
+
+  int64_t MaxConcurrentBlocks() const override { return num_threads_; }
 
   void ParallelFor(int64_t n, int64_t cost_per_unit, const Block& fn) override {
     if (n <= 0) return;

@@ -71,15 +71,26 @@ class HugePageAdvisor {
     if (madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE) != 0) return;
     advised_calls_.fetch_add(1, std::memory_order_relaxed);
     std::lock_guard<std::mutex> lock(mu_);
-    if (!collapse_supported_ || !FirstTime(begin, end - begin)) return;
+    if (!collapse_supported_) return;
     // Collapsing copies the buffer (about a second per GB): a background thread does it,
     // a chunk at a time, so no step waits for it and each chunk helps as soon as it is
     // done. Advice is safe on memory freed or reused meanwhile: it never changes a value.
-    queue_.emplace_back(begin, end - begin);
+    // Advice is an optimisation: out of memory for the lists or a thread for the worker,
+    // the buffer is simply not collapsed (and the update goes on).
+    try {
+      if (!FirstTime(begin, end - begin)) return;
+      queue_.emplace_back(begin, end - begin);
+    } catch (const std::exception&) {
+      return;
+    }
     counters_.pending_bytes += static_cast<int64_t>(end - begin);
     if (!worker_started_) {
-      worker_started_ = true;
-      std::thread([this] { CollapseLoop(); }).detach();
+      try {
+        std::thread([this] { CollapseLoop(); }).detach();
+        worker_started_ = true;
+      } catch (const std::exception&) {
+        return;  // queued: the next advice tries to start the worker again
+      }
     }
     wake_.notify_one();
 #else

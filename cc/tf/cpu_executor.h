@@ -25,6 +25,9 @@ class TfCpuExecutor final : public Executor {
  public:
   explicit TfCpuExecutor(::tensorflow::OpKernelContext* ctx)
       : workers_(ctx->device()->tensorflow_cpu_worker_threads()) {}
+  // The pool's threads and the calling thread (Shard and RunClaimingPieces alike).
+  int64_t MaxConcurrentBlocks() const override { return workers_->num_threads + 1; }
+
   void ParallelFor(int64_t n, int64_t cost_per_unit, const Block& fn) override {
     const int64_t threads = workers_->num_threads;
     if (threads < 2 || n < threads || n * cost_per_unit < kStaticSplitCycles) {

@@ -40,8 +40,10 @@ struct DeviceEngine<CPUDevice> {
                             Storage* var, S* const* slots, const Storage* grad, int64_t n,
                             int64_t row_size, bool stochastic) {
     TfCpuExecutor executor(ctx);
-    ApplyDense<Rule, Storage, S>(params, var, slots, grad, n, row_size, executor, stochastic);
-    return absl::OkStatus();
+    return WithoutExceptions([&] {
+      ApplyDense<Rule, Storage, S>(params, var, slots, grad, n, row_size, executor, stochastic);
+      return absl::OkStatus();
+    });
   }
 
   // Checks every index before it writes anything. `check` is the GPU's (unused here).
@@ -52,9 +54,12 @@ struct DeviceEngine<CPUDevice> {
                              int64_t row_size, const Storage* grad, const Index* indices,
                              int64_t num_indices, gpu::IndexCheck* /*check*/, bool stochastic) {
     TfCpuExecutor executor(ctx);
-    const std::string error = ApplySparse<Rule, Storage, Index, S>(
-        params, var, slots, num_rows, row_size, grad, indices, num_indices, executor, stochastic);
-    return error.empty() ? absl::OkStatus() : absl::InvalidArgumentError(error);
+    return WithoutExceptions([&] {
+      const std::string error = ApplySparse<Rule, Storage, Index, S>(
+          params, var, slots, num_rows, row_size, grad, indices, num_indices, executor,
+          stochastic);
+      return error.empty() ? absl::OkStatus() : absl::InvalidArgumentError(error);
+    });
   }
 
   // The sparse gradient applied to every row (engine.h's ApplySparseEveryRow).
@@ -65,9 +70,12 @@ struct DeviceEngine<CPUDevice> {
                                      const Storage* grad, const Index* indices,
                                      int64_t num_indices, bool stochastic) {
     TfCpuExecutor executor(ctx);
-    const std::string error = ApplySparseEveryRow<Rule, Storage, Index, S>(
-        params, var, slots, num_rows, row_size, grad, indices, num_indices, executor, stochastic);
-    return error.empty() ? absl::OkStatus() : absl::InvalidArgumentError(error);
+    return WithoutExceptions([&] {
+      const std::string error = ApplySparseEveryRow<Rule, Storage, Index, S>(
+          params, var, slots, num_rows, row_size, grad, indices, num_indices, executor,
+          stochastic);
+      return error.empty() ? absl::OkStatus() : absl::InvalidArgumentError(error);
+    });
   }
 
   template <typename Rule, typename Storage, typename S>
@@ -76,8 +84,10 @@ struct DeviceEngine<CPUDevice> {
                                  DenseTensor<Rule, Storage, S>* tensors, int64_t n,
                                  bool stochastic) {
     TfCpuExecutor executor(ctx);
-    ApplyDenseGroup<Rule, Storage, S>(params, tensors, n, executor, stochastic);
-    return absl::OkStatus();
+    return WithoutExceptions([&] {
+      ApplyDenseGroup<Rule, Storage, S>(params, tensors, n, executor, stochastic);
+      return absl::OkStatus();
+    });
   }
 };
 

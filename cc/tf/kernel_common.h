@@ -3,9 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <new>
 #include <string>
 #include <vector>
 
+#include "cc/core/engine.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -78,6 +81,22 @@ inline absl::Status ReadRoundingSeed(::tensorflow::OpKernelContext* ctx, uint64_
 }
 
 // A tensor's buffer as the core's storage type (the kernels write variables in place).
+// Runs `update` (a call into the CPU engine, returning a status) and turns a C++ exception
+// into an error: none may leave a kernel (crossing TensorFlow's frames it ends the
+// process). The engine allocates all it needs (grouping, scratch rows) before its first
+// write, so an allocation refused (std::bad_alloc) leaves the variable and every slot as
+// they were.
+template <typename Fn>
+absl::Status WithoutExceptions(Fn&& update) {
+  try {
+    return update();
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(kOutOfMemoryBeforeWriting);
+  } catch (const std::exception& e) {
+    return absl::InternalError(std::string("the update failed before writing: ") + e.what());
+  }
+}
+
 template <typename Storage>
 Storage* MutableData(::tensorflow::Tensor& t) {
   return reinterpret_cast<Storage*>(const_cast<char*>(t.tensor_data().data()));

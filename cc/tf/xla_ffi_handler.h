@@ -22,6 +22,8 @@ class FfiExecutor final : public Executor {
  public:
   explicit FfiExecutor(ffi::ThreadPool& pool) : pool_(pool) {}
 
+  int64_t MaxConcurrentBlocks() const override { return pool_.num_threads() + 1; }
+
   void ParallelFor(int64_t n, int64_t cost_per_unit, const Block& fn) override {
     const int64_t threads = std::max<int64_t>(1, pool_.num_threads() + 1);
     // Below ~50k cycles of work a thread costs more than it saves.
@@ -111,9 +113,27 @@ ffi::Error RunWithSlots(ffi::ThreadPool& pool, const ffi::RemainingArgs& args,
   }
 }
 
-// RunWithSlots for the storage type of the first argument (var).
+template <typename Call>
+ffi::Error RunTypedUnguarded(ffi::ThreadPool& pool, ffi::RemainingArgs& args,
+                             ffi::RemainingRets& rets);
+
+// RunWithSlots for the storage type of the first argument (var). No C++ exception may
+// cross into XLA: an allocation refused (std::bad_alloc) comes before the engine's first
+// write (engine.h), so the error leaves the state as it was.
 template <typename Call>
 ffi::Error RunTyped(ffi::ThreadPool pool, ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  try {
+    return RunTypedUnguarded<Call>(pool, args, rets);
+  } catch (const std::bad_alloc&) {
+    return ffi::Error(ffi::ErrorCode::kResourceExhausted, kOutOfMemoryBeforeWriting);
+  } catch (const std::exception& e) {
+    return ffi::Error::Internal(std::string("the update failed before writing: ") + e.what());
+  }
+}
+
+template <typename Call>
+ffi::Error RunTypedUnguarded(ffi::ThreadPool& pool, ffi::RemainingArgs& args,
+                             ffi::RemainingRets& rets) {
   auto var = args.get<ffi::AnyBuffer>(0);
   if (!var.has_value()) return var.error();
   const ffi::DataType type = var->element_type();
